@@ -8,9 +8,10 @@ The settings keep the names Kafka's own non-Java clients use (``security.protoco
 
 aiokafka says only "Unable to bootstrap" whatever went wrong; `KafkaConnection.start` starts a
 client and, when the bootstrap fails, connects once more by hand to learn why: a refused
-password, a broker certificate the CA did not sign, a plaintext client at a TLS port and a
-client without SASL at a SASL port (or the reverse) are deployment facts
-(`ConfigurationError`), anything else stays an outage.
+password, a broker certificate the CA did not sign, a plaintext client at a TLS port, a
+client without SASL at a SASL port (or the reverse) and another kind of server at a
+bootstrap address are deployment facts (`ConfigurationError`), anything else stays an outage
+(a host name that does not resolve is said so).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import dataclasses
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any, Literal, Protocol, get_args
@@ -500,10 +502,12 @@ class KafkaConnection:
 
         Raises:
             ConfigurationError: The brokers refused the SASL credentials, their certificate
-                is not signed by the configured CA, or they expect TLS from a plaintext
-                client: one line naming the variable.
-            KafkaError: Any other failure, as the client raised it (an outage: the caller
-                translates it to `BackendUnavailableError`).
+                is not signed by the configured CA, they expect TLS from a plaintext
+                client, or another kind of server answers at a bootstrap address: one line
+                naming the variable.
+            KafkaError: Any other failure, as the client raised it, with the host names
+                that do not resolve said (an outage: the caller translates it to
+                `BackendUnavailableError`).
 
         Whatever ends the start early, a failure or a cancellation (a startup cut short, a
         timeout around it), ``client`` is stopped (`stop_or_drop`) before it propagates: the
@@ -528,9 +532,19 @@ class KafkaConnection:
                 # a diagnosis would wait as long again (ONWARD_BACKEND_TIMEOUT is the bound).
                 raise
             problem = await self.diagnose()
-            if problem is None:
+            if problem is not None:
+                raise ConfigurationError(problem) from exc
+            probe_s = min(_PROBE_S, self.request_timeout_s)
+            unresolved = await _unresolved_hosts(self.bootstrap_servers, probe_s)
+            if not unresolved:
                 raise
-            raise ConfigurationError(problem) from exc
+            # Still an outage (a DNS server can be away for a while), but a typo must show.
+            names = ", ".join(repr(host) for host in unresolved)
+            said = exc.args[0] if exc.args else "Unable to bootstrap"
+            raise kafka_errors.KafkaConnectionError(
+                f"{said}: {names} {'does' if len(unresolved) == 1 else 'do'} not resolve (check "
+                "KAFKA_BOOTSTRAP_SERVERS for a typo)"
+            ) from exc
 
     async def diagnose(self) -> str | None:
         """Why this connection's settings cannot reach the brokers, or ``None`` when the
@@ -594,7 +608,7 @@ class KafkaConnection:
                 f"{exc.verify_message or exc.reason}"
             )
         except (OSError, TimeoutError, kafka_errors.KafkaError):
-            return await self._protocol_mismatch(host, port, timeout_s)
+            return await self._failed_connection(host, port, timeout_s)
         try:
             return None if self.uses_sasl else await self._sasl_required(conn, where, timeout_s)
         finally:
@@ -622,6 +636,20 @@ class KafkaConnection:
             f"KAFKA_SASL_MECHANISM {' or '.join(usable)} and KAFKA_SASL_USERNAME and "
             "KAFKA_SASL_PASSWORD)"
         )
+
+    async def _failed_connection(self, host: str, port: int, timeout_s: float) -> str | None:
+        """Why a connection to ``host:port`` failed, when a setting is the reason: TLS where the
+        protocol says plaintext (or the reverse), or another kind of server at the address
+        (which takes no TLS either: asked in plaintext, it says what it is)."""
+        mismatch = await self._protocol_mismatch(host, port, timeout_s)
+        if (mismatch is None) == self.uses_tls:
+            return mismatch  # TLS answered (Kafka or not), or nothing did: no more to tell
+        if await _kafka_answer(host, port, timeout_s) == "other":
+            return (
+                f"KAFKA_BOOTSTRAP_SERVERS: {host}:{port} does not answer as Kafka (another kind "
+                "of server listens there: check the host and the port)"
+            )
+        return mismatch
 
     async def _protocol_mismatch(self, host: str, port: int, timeout_s: float) -> str | None:
         """Whether ``host:port`` speaks TLS where the protocol says plaintext, or the reverse."""
@@ -705,3 +733,61 @@ async def _tls_answer(host: str, port: int, timeout_s: float) -> Literal["tls", 
     with contextlib.suppress(OSError, TimeoutError):
         await asyncio.wait_for(writer.wait_closed(), timeout_s)
     return "tls"
+
+
+async def _unresolved_hosts(bootstrap_servers: str, timeout_s: float) -> list[str]:
+    """The host names of a bootstrap list that do not resolve (an IP address always does)."""
+
+    async def unresolved(host: str, port: int) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port), timeout_s)
+        except socket.gaierror:
+            return True
+        except (OSError, TimeoutError):
+            return False  # no answer from the resolver is not an answer that the name is unknown
+        return False
+
+    hosts = dict.fromkeys(_addresses(bootstrap_servers))
+    found = await asyncio.gather(*(unresolved(host, port) for host, port in hosts))
+    return list(dict.fromkeys(host for (host, _), gone in zip(hosts, found, strict=True) if gone))
+
+
+_PROBE_CORRELATION_ID = 0x4F4E5744
+"""The correlation id of `_kafka_answer`'s request, which a Kafka answer repeats."""
+
+_PROBE_ANSWER_MAX = 1 << 20
+"""Most bytes a broker's ApiVersions answer takes (a few hundred); a larger length is no
+Kafka answer (the first bytes of another protocol's reply)."""
+
+
+async def _kafka_answer(host: str, port: int, timeout_s: float) -> Literal["kafka", "other"] | None:
+    """How ``host:port`` (plaintext) answers an ApiVersions v0 request: ``"kafka"`` (an answer
+    that repeats the request's correlation id), ``"other"`` (bytes that are no Kafka answer) or
+    ``None`` (no connection, no answer, or the connection closed: nothing to tell from, as
+    from a broker starting or stopping).
+
+    Every Kafka broker since 0.10 answers version 0 of the request, whatever it speaks after;
+    a server of another protocol that answers at all (PostgreSQL, HTTP) answers with an error
+    of its own. A silent one (Redis, which waits for a line break) cannot be told from a
+    broker that does not answer.
+    """
+    client_id = b"onward-probe"
+    header = struct.pack(">hhih", 18, 0, _PROBE_CORRELATION_ID, len(client_id)) + client_id
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        writer.write(struct.pack(">i", len(header)) + header)
+        length = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), timeout_s))[0]
+        if not 4 <= length <= _PROBE_ANSWER_MAX:
+            return "other"
+        answer = await asyncio.wait_for(reader.readexactly(length), timeout_s)
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        return None
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), timeout_s)
+    correlation_id = struct.unpack(">i", answer[:4])[0]
+    return "kafka" if correlation_id == _PROBE_CORRELATION_ID else "other"

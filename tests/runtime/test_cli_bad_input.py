@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from support.poison import unknown_kind
@@ -235,6 +237,31 @@ def test_kafka_bootstrap_servers_with_no_usable_address_is_a_configuration_error
         ONWARD_BACKEND_TIMEOUT="3",
     )
     assert_usage_error(result, "KAFKA_BOOTSTRAP_SERVERS", *named)
+
+
+@pytest.mark.parametrize("protocol", ["PLAINTEXT", "SSL"])
+def test_kafka_bootstrap_servers_at_another_kind_of_server_is_a_configuration_error(
+    db: Path, database_url: str, protocol: str
+) -> None:
+    """PostgreSQL's port as KAFKA_BOOTSTRAP_SERVERS answered the client's first request with
+    bytes that are no Kafka answer, and the command said exit 5 "the server did not answer;
+    retry", which no retry cures (over TLS, that Kafka there spoke no TLS): exit 2 naming the
+    variable, within a few seconds."""
+    postgres = urlsplit(database_url)
+    address = f"{postgres.hostname}:{postgres.port}"
+    began = time.monotonic()
+    result = onward(
+        db,
+        "inspect",
+        "run-q",
+        ONWARD_BACKEND="kafka",
+        KAFKA_BOOTSTRAP_SERVERS=address,
+        KAFKA_SECURITY_PROTOCOL=protocol,
+        DATABASE_URL=database_url,
+        ONWARD_BACKEND_TIMEOUT="10",
+    )
+    assert_usage_error(result, f"KAFKA_BOOTSTRAP_SERVERS: {address} does not answer as Kafka")
+    assert time.monotonic() - began < 8
 
 
 @pytest.mark.parametrize(

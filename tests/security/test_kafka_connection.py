@@ -1,5 +1,6 @@
 """`KafkaConnection` and the ``KAFKA_*`` settings, without a broker: what each client is given,
-which setting each refusal names, and that the passwords are never shown.
+which setting each refusal names, and that the passwords are never shown; and that the check
+for another kind of server at a bootstrap address takes the real broker for Kafka.
 
 The same settings against the real SASL_SSL listener: ``test_secured_kafka.py``.
 """
@@ -11,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 
 from onward._storage import KafkaConnection, kafka_connection
-from onward._storage.kafka import _addresses
+from onward._storage.kafka import _addresses, _kafka_answer
 from onward.errors import ConfigurationError
 from onward.eventlog import KafkaEventLog
 from onward.runtime.settings import Settings
@@ -250,3 +252,23 @@ def test_a_bare_ipv6_address_or_a_host_is_a_bootstrap_server(servers: str) -> No
     """Refusing a server with two colons that is not host:port ("host:9092:x") leaves an
     IPv6 address alone, which the client reads with the default port."""
     assert KafkaConnection(servers).bootstrap_servers == servers
+
+
+async def test_a_bootstrap_name_that_does_not_resolve_is_said_so() -> None:
+    """A typo in a host name failed as "Unable to bootstrap" (retry), as a broker that is down
+    does; it stays an outage (DNS can be down for a while) but says the name does not
+    resolve, so the typo is seen."""
+    connection = KafkaConnection("nonexistent.invalid:9092", request_timeout_s=3)
+    with pytest.raises(KafkaConnectionError) as failed:
+        await connection.start(connection.admin())
+    assert "KAFKA_BOOTSTRAP_SERVERS" in str(failed.value)
+    assert "'nonexistent.invalid' does not resolve" in str(failed.value)
+
+
+async def test_a_kafka_broker_passes_the_check_for_another_kind_of_server(
+    kafka_bootstrap: str,
+) -> None:
+    """The check that finds another kind of server at a bootstrap address (exit 2, which
+    stops a supervisor's retries) takes a real broker for Kafka."""
+    host, port = _addresses(kafka_bootstrap)[0]
+    assert await _kafka_answer(host, port, 3) == "kafka"

@@ -265,6 +265,7 @@ async def test_a_bootstrap_name_that_does_not_resolve_is_said_so() -> None:
     assert "'nonexistent.invalid' does not resolve" in str(failed.value)
 
 
+@pytest.mark.kafka
 async def test_a_kafka_broker_passes_the_check_for_another_kind_of_server(
     kafka_bootstrap: str,
 ) -> None:

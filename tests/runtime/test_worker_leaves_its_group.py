@@ -13,10 +13,11 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -74,6 +75,26 @@ def worker_of(backends: Backends) -> Worker:
     return Worker(backends, ScriptedProvider([reply("done")]), {"writer": agent}, recheck_s=60)
 
 
+def serve(
+    worker: Worker,
+    stop: asyncio.Event,
+    bootstrap_servers: str | KafkaConnection,
+    topic: str,
+    **options: Any,
+) -> Coroutine[Any, Any, None]:
+    """``worker`` serving ``topic`` in the group ``<topic>.workers``, with a 6 s session
+    timeout and unsigned requests taken, as every test here serves."""
+    return worker.serve_kafka(
+        stop,
+        bootstrap_servers=bootstrap_servers,
+        topic=topic,
+        group_id=f"{topic}.workers",
+        session_timeout_ms=6000,
+        accept_unsigned=True,
+        **options,
+    )
+
+
 async def test_a_worker_whose_on_ready_raises_leaves_its_group(
     kafka_bootstrap: str, requests_topic: str, backends: Backends
 ) -> None:
@@ -83,14 +104,8 @@ async def test_a_worker_whose_on_ready_raises_leaves_its_group(
         raise RuntimeError("the readiness file could not be written")
 
     with pytest.raises(RuntimeError, match="readiness file"):
-        await worker_of(backends).serve_kafka(
-            asyncio.Event(),
-            bootstrap_servers=kafka_bootstrap,
-            topic=requests_topic,
-            group_id=group,
-            session_timeout_ms=6000,
-            on_ready=on_ready,
-            accept_unsigned=True,
+        await serve(
+            worker_of(backends), asyncio.Event(), kafka_bootstrap, requests_topic, on_ready=on_ready
         )
     await no_member_stays(kafka_bootstrap, group)
 
@@ -100,23 +115,14 @@ async def test_a_worker_cancelled_twice_leaves_its_group(
 ) -> None:
     group = f"{requests_topic}.workers"
     worker = worker_of(backends)
-    serving = asyncio.create_task(
-        worker.serve_kafka(
-            asyncio.Event(),
-            bootstrap_servers=kafka_bootstrap,
-            topic=requests_topic,
-            group_id=group,
-            session_timeout_ms=6000,
-            accept_unsigned=True,
-        )
-    )
+    served = asyncio.create_task(serve(worker, asyncio.Event(), kafka_bootstrap, requests_topic))
     await until(lambda: worker.joined, "the worker in its group")
     assert await group_members(kafka_bootstrap, group) == 1
-    serving.cancel()
+    served.cancel()
     await asyncio.sleep(0)  # the serving task is in its ``finally`` now, leaving the group
-    serving.cancel()
+    served.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await serving
+        await served
     await until_empty(kafka_bootstrap, group)
 
 
@@ -155,20 +161,11 @@ async def test_a_worker_whose_leave_did_not_end_says_how_in_its_own_words(
     stop = asyncio.Event()
     worker = worker_of(backends)
     with caplog.at_level(logging.INFO, logger="onward.worker"):
-        serving = asyncio.ensure_future(
-            worker.serve_kafka(
-                stop,
-                bootstrap_servers=kafka_bootstrap,
-                topic=requests_topic,
-                group_id=group,
-                session_timeout_ms=6000,
-                accept_unsigned=True,
-            )
-        )
+        served = asyncio.ensure_future(serve(worker, stop, kafka_bootstrap, requests_topic))
         await until(lambda: worker.joined, "the worker in its group")
         stop.set()
         async with asyncio.timeout(_LEAVE_S + 10):
-            await serving  # returns: the leave's outcome is said, not raised
+            await served  # returns: the leave's outcome is said, not raised
     said = [record.getMessage() for record in caplog.records]
     [left] = [line for line in said if line.startswith(f"leaving the group {group} ")]
     assert left == (
@@ -190,22 +187,16 @@ async def test_a_worker_stopped_while_it_joins_returns_and_leaves_no_connection_
     async with FaultyProxy(host, int(port)) as proxy:
         proxy.hold_replies_after(1)
         stop = asyncio.Event()
-        serving = asyncio.ensure_future(
-            worker_of(backends).serve_kafka(
-                stop,
-                bootstrap_servers=KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=2),
-                topic=requests_topic,
-                group_id=f"{requests_topic}.workers",
-                session_timeout_ms=6000,
-                accept_unsigned=True,
-            )
+        through_proxy = KafkaConnection(f"127.0.0.1:{proxy.port}", request_timeout_s=2)
+        served = asyncio.ensure_future(
+            serve(worker_of(backends), stop, through_proxy, requests_topic)
         )
         async with asyncio.timeout(10):
             await proxy.reply_held.wait()
         stop.set()
-        await asyncio.wait([serving], timeout=6)
-        assert serving.done(), "the stopped worker still waits on the broker"
-        assert serving.result() is None
+        await asyncio.wait([served], timeout=6)
+        assert served.done(), "the stopped worker still waits on the broker"
+        assert served.result() is None
         async with asyncio.timeout(2):
             await proxy.idle.wait()
 
@@ -254,16 +245,7 @@ async def serving_on_a_paused_broker(
     group = f"{topic}.workers"
     stop = asyncio.Event()
     worker = worker_of(backends)
-    task = asyncio.ensure_future(
-        worker.serve_kafka(
-            stop,
-            bootstrap_servers=private_kafka.bootstrap,
-            topic=topic,
-            group_id=group,
-            session_timeout_ms=6000,
-            accept_unsigned=True,
-        )
-    )
+    task = asyncio.ensure_future(serve(worker, stop, private_kafka.bootstrap, topic))
     await until(lambda: worker.joined, "the worker in its group")
     private_kafka.pause()
     try:

@@ -10,6 +10,7 @@ import typer
 from onward.eventlog.archive import DirectoryArchive
 from onward.runtime.backends import Backends
 from onward.runtime.compaction import (
+    NO_ARCHIVE,
     CheckpointCompactor,
     CompactionReport,
     PartitionReport,
@@ -20,6 +21,10 @@ from onward.runtime.limits import check_stored_name
 from ._common import ArchiveOption, JsonResultOption, echo_json, error, out
 from .runs import with_backends
 from .summary import shown
+
+NO_ARCHIVE_FLAGS = "no archive (give --archive DIR, or --no-archive to cut without one)"
+"""What holds a partition when neither flag was given, in the command line's words: the
+compactor's own names the Python keyword (``no_archive``)."""
 
 
 def compact_command(
@@ -83,7 +88,7 @@ def compact_command(
 
     # A dry run changes nothing: the SQLite file is opened read-only, neither migrated nor
     # written to.
-    report = with_backends(work, readonly=dry_run)
+    report = in_flags(with_backends(work, readonly=dry_run))
     if as_json:
         echo_json({**dataclasses.asdict(report), "events_cut": report.events_cut})
         return
@@ -111,6 +116,15 @@ def compact_command(
             "without one (the audit history below each cut is then gone for good)",
             soft_wrap=True,
         )
+
+
+def in_flags(report: CompactionReport) -> CompactionReport:
+    """``report`` with what holds a partition for want of an archive said as the flags."""
+    partitions = [
+        dataclasses.replace(part, held_by=NO_ARCHIVE_FLAGS) if part.held_by == NO_ARCHIVE else part
+        for part in report.partitions
+    ]
+    return dataclasses.replace(report, partitions=partitions)
 
 
 def describe(part: PartitionReport, report: CompactionReport) -> str:

@@ -268,6 +268,26 @@ def test_without_an_archive_nothing_is_cut_and_it_says_why(db: Path) -> None:
     assert asyncio.run(_sizes(db))[0][0] > 0
 
 
+def test_what_holds_a_partition_without_an_archive_names_the_flags(db: Path) -> None:
+    """Each partition held for want of an archive names the command line's flags, in the
+    text and the JSON, never the Python keyword a command-line user cannot type."""
+    result = onward(db, "compact")
+    assert result.exit_code == 0, result.output
+    held = [line for line in result.stdout.splitlines() if line.startswith("partition ")]
+    assert held, result.stdout
+    for line in held:
+        assert "(held by no archive (give --archive DIR, or --no-archive to cut without" in line
+    assert "no_archive" not in result.stdout
+
+    as_json = onward(db, "compact", "--json")
+    assert as_json.exit_code == 0, as_json.output
+    partitions = json.loads(as_json.stdout)["partitions"]
+    assert partitions
+    for partition in partitions:
+        assert "--no-archive" in partition["held_by"]
+        assert "no_archive" not in partition["held_by"]
+
+
 def test_a_dry_run_says_how_many_bytes_a_pass_would_free(db: Path, tmp_path: Path) -> None:
     result = onward(db, "compact", "--dry-run", "--archive", str(tmp_path / "archive"))
     assert result.exit_code == 0, result.output

@@ -19,25 +19,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import socket
 import ssl
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal, Protocol, get_args
 
 import aiokafka.errors as kafka_errors
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
-from aiokafka.conn import create_conn, get_ip_port_afi
+from aiokafka.conn import AIOKafkaConnection, create_conn, get_ip_port_afi
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.admin import SaslHandShakeRequest
 
 from onward.errors import ConfigurationError
 
+from .locks import _clock
 from .stores import BACKEND_TIMEOUT_S
 from .waits import outlast
+
+log = logging.getLogger("onward.storage")
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -50,6 +54,14 @@ COMPRESSION_TYPES: tuple[str, ...] = get_args(CompressionType)
 _PROBE_S = 3.0
 """Most a diagnosis of a failed bootstrap may take, per broker address (capped by the
 request timeout): it runs only after the bootstrap already failed."""
+
+_SAY_AFTER_S = 2.0
+"""How long a start waits on one bootstrap address before the wait is said in the log: a
+server that takes the connection and never answers (a hung broker, or Redis at the address)
+would otherwise keep it silent for the whole request timeout."""
+
+_WATCH_EVERY_S = 0.25
+"""How often a start's bootstrap is looked at, to tell which address it waits on."""
 
 _GROUP_MARGIN_MS = 5_000
 """How much longer than the rebalance timeout a group member's requests may wait: the broker
@@ -122,10 +134,41 @@ def _bootstrap_connection(starting: asyncio.Future[None]) -> Any:
     return None
 
 
-async def start_unbroken(client: _Startable, timeout_s: float) -> None:
+def _bootstrap_wait(starting: asyncio.Future[None]) -> tuple[str, int, bool] | None:
+    """The address a client's start is bootstrapping through, and whether it is connected
+    there (its request sent, no answer yet) rather than still connecting; None when the start
+    is not in aiokafka's ``AIOKafkaClient.bootstrap``."""
+    get_coro = getattr(starting, "get_coro", None)
+    awaited: Any = get_coro() if get_coro is not None else None
+    address: tuple[str, int, bool] | None = None
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None)
+        if frame is not None and frame.f_code is AIOKafkaClient.bootstrap.__code__:
+            host, port = frame.f_locals.get("host"), frame.f_locals.get("port")
+            if not isinstance(host, str) or not isinstance(port, int):
+                return None
+            address = (host, port, True)
+        elif (
+            address is not None
+            and frame is not None
+            and frame.f_code is AIOKafkaConnection.connect.__code__
+        ):
+            connected = getattr(frame.f_locals.get("self"), "_writer", None) is not None
+            return (address[0], address[1], connected)
+        awaited = getattr(awaited, "cr_await", None)
+    return address
+
+
+async def start_unbroken(
+    client: _Startable,
+    timeout_s: float,
+    *,
+    watch: Callable[[asyncio.Future[None]], Awaitable[None]] | None = None,
+) -> None:
     """Start ``client``; a cancellation meanwhile (or several) cancels the start at once, closes
     the connection it was bootstrapping through, lets the start end (within ``timeout_s``) and
-    is raised after.
+    is raised after. ``watch``, when given, runs beside the start with it, and is cancelled
+    when the start ends.
 
     aiokafka's bootstrap closes its first connection on every failure but a cancellation, and
     nothing else holds that connection: cancelled while it waited for the cluster's metadata,
@@ -136,6 +179,7 @@ async def start_unbroken(client: _Startable, timeout_s: float) -> None:
     """
     timeout_s = max(timeout_s, _request_timeout_s(client))
     starting = asyncio.ensure_future(client.start())
+    watching = asyncio.ensure_future(watch(starting)) if watch is not None else None
     try:
         await asyncio.shield(starting)
     except asyncio.CancelledError:
@@ -149,6 +193,9 @@ async def start_unbroken(client: _Startable, timeout_s: float) -> None:
         if starting.done() and not starting.cancelled():
             starting.exception()  # superseded by the cancellation
         raise
+    finally:
+        if watching is not None:
+            watching.cancel()
 
 
 def _request_timeout_s(client_owner: Any) -> float:
@@ -523,8 +570,14 @@ class KafkaConnection:
 
     async def _start(self, client: _Startable) -> None:
         began = time.monotonic()
+        built_s = _request_timeout_s(client)
+        wait_s = min(built_s, self.request_timeout_s) if built_s else self.request_timeout_s
+
+        async def watch(starting: asyncio.Future[None]) -> None:
+            await self._say_waits(starting, wait_s)
+
         try:
-            await start_unbroken(client, self.request_timeout_s)
+            await start_unbroken(client, self.request_timeout_s, watch=watch)
         except kafka_errors.KafkaConnectionError as exc:
             if time.monotonic() - began >= self.request_timeout_s:
                 # The brokers let a whole request timeout pass without a word: no setting is to
@@ -545,6 +598,40 @@ class KafkaConnection:
                 f"{said}: {names} {'does' if len(unresolved) == 1 else 'do'} not resolve (check "
                 "KAFKA_BOOTSTRAP_SERVERS for a typo)"
             ) from exc
+
+    async def _say_waits(self, starting: asyncio.Future[None], wait_s: float) -> None:
+        """Say once per bootstrap address that a start has waited on it `_SAY_AFTER_S`: which
+        address, whether connected (a silent server cannot be told from a hung broker, but it
+        must not be waited on in silence) and when the wait gives up."""
+        began = time.monotonic()
+        first_seen: dict[tuple[str, int], float] = {}
+        said: set[tuple[str, int]] = set()
+        while not starting.done():
+            await asyncio.sleep(_WATCH_EVERY_S)
+            waiting = _bootstrap_wait(starting)
+            if waiting is None:
+                continue
+            host, port, connected = waiting
+            # The first address is tried as the start begins; a later one when it is seen.
+            seen = first_seen.setdefault((host, port), time.monotonic() if first_seen else began)
+            waited = time.monotonic() - seen
+            if (host, port) in said or waited < _SAY_AFTER_S:
+                continue
+            said.add((host, port))
+            state = (
+                "connected, no answer yet to its first Kafka request"
+                if connected
+                else "the connection is not yet taken"
+            )
+            log.warning(
+                "waiting for Kafka at %s:%s (KAFKA_BOOTSTRAP_SERVERS): %s; waits until %s (the "
+                "request timeout, ONWARD_BACKEND_TIMEOUT: %g s), then gives up on it",
+                host,
+                port,
+                state,
+                _clock(time.time() - waited + wait_s),
+                wait_s,
+            )
 
     async def diagnose(self) -> str | None:
         """Why this connection's settings cannot reach the brokers, or ``None`` when the

@@ -7,7 +7,10 @@ The same settings against the real SASL_SSL listener: ``test_secured_kafka.py``.
 
 from __future__ import annotations
 
+import logging
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +266,36 @@ async def test_a_bootstrap_name_that_does_not_resolve_is_said_so() -> None:
         await connection.start(connection.admin())
     assert "KAFKA_BOOTSTRAP_SERVERS" in str(failed.value)
     assert "'nonexistent.invalid' does not resolve" in str(failed.value)
+
+
+async def test_a_bootstrap_without_an_answer_says_early_what_it_waits_on_and_until_when(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bootstrap address that takes the connection and never answers (Redis, a hung broker)
+    kept the start silent for the whole request timeout (30 s by default), then said "retry":
+    within a few seconds it says it is connected there and waits for the answer to its first
+    Kafka request, until when and which setting bounds it; it still fails at the timeout."""
+    timeout_s = 6
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        connection = KafkaConnection(address, request_timeout_s=timeout_s)
+        began = time.time()
+        with caplog.at_level(logging.WARNING, "onward"), pytest.raises(KafkaConnectionError):
+            await connection.start(connection.admin())
+        failed = time.time()
+    said = [r for r in caplog.records if r.name.startswith("onward") and address in r.message]
+    assert len(said) == 1, caplog.text
+    assert said[0].created - began < 4, f"said after {said[0].created - began:.1f} s"
+    assert failed - began >= timeout_s - 0.5
+    message = said[0].getMessage()
+    assert f"Kafka at {address} (KAFKA_BOOTSTRAP_SERVERS)" in message
+    assert "connected, no answer yet to its first Kafka request" in message
+    assert "ONWARD_BACKEND_TIMEOUT" in message
+    # The deadline said is the start's plus the timeout, to the second the clock shows.
+    deadlines = {time.strftime("%H:%M:%S UTC", time.gmtime(began + timeout_s + d)) for d in (0, 1)}
+    assert any(f"until {deadline} " in message for deadline in deadlines), message
 
 
 @pytest.mark.kafka

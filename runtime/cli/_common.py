@@ -22,6 +22,7 @@ import pkgutil
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -76,6 +77,10 @@ timeout or a fetch's wait beyond it fails inside the client, every time it is se
 CONNECT_TIMEOUT_S = 20.0
 """How long opening the stores may take, at least, before a command gives up on a server that
 is silent; an ``ONWARD_BACKEND_TIMEOUT`` above it is waited instead (`connect_timeout_s`)."""
+
+SAY_WAIT_AFTER_S = 5.0
+"""How long opening a store waits for it before saying so: a server that takes the connection
+and never answers would otherwise keep a command silent until the whole bound has passed."""
 
 
 class OutputClosedError(Exception):
@@ -392,9 +397,44 @@ def connect_timeout_s() -> float:
     return max(CONNECT_TIMEOUT_S, configured)
 
 
+def frontier_server(config: Settings) -> str:
+    """The server that holds ``config``'s frontier rows, as a message names it: the backend's
+    name sent the reader of "the kafka frontier store did not answer" to Kafka, where it was
+    PostgreSQL (or Redis) that did not."""
+    if config.backend == "kafka" and config.frontier_store == "redis":
+        return "Redis (REDIS_URL)"
+    if config.backend in ("kafka", "postgres"):
+        return "PostgreSQL (DATABASE_URL)"
+    return f"the {config.backend} frontier store"
+
+
+def backend_servers(config: Settings) -> str:
+    """The servers `open_backends` opens for ``config``, as a message names them: "the kafka
+    stores did not answer" sent the reader to Kafka where PostgreSQL or Redis may not have."""
+    if config.backend == "postgres":
+        return "PostgreSQL (DATABASE_URL)"
+    if config.backend != "kafka":
+        return f"the {config.backend} stores"
+    servers = ["Kafka (KAFKA_BOOTSTRAP_SERVERS)", "PostgreSQL (DATABASE_URL)"]
+    if config.redis_url or config.frontier_store == "redis":
+        servers.append("Redis (REDIS_URL)")
+    return f"one of {', '.join(servers[:-1])} and {servers[-1]}"
+
+
 async def within(step: Awaitable[_T], what: str) -> _T:
     """Await one connecting step, giving up on a server that does not answer in time."""
     bound = connect_timeout_s()
+    until = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + bound))
+    saying = asyncio.get_running_loop().call_later(
+        SAY_WAIT_AFTER_S,
+        lambda: err.print(
+            f"waiting for {what} to answer; waits until {until} ({bound:g} s: "
+            "ONWARD_BACKEND_TIMEOUT, never less than 20 s while connecting), then gives up",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        ),
+    )
     try:
         async with asyncio.timeout(bound):
             return await step
@@ -402,6 +442,8 @@ async def within(step: Awaitable[_T], what: str) -> _T:
         raise errors.BackendUnavailableError(
             f"{what} did not answer within {bound:g}s; check that it is up and reachable"
         ) from exc
+    finally:
+        saying.cancel()
 
 
 @contextlib.asynccontextmanager

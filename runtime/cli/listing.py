@@ -27,7 +27,7 @@ from onward.runtime.spend.base import Spend, SpendLedger
 from onward.runtime.spend.postgres import PostgresSpendLedger
 from onward.runtime.spend.sqlite import SqliteSpendLedger
 
-from ._common import echo_json, err, opened, out, run_until_terminated
+from ._common import echo_json, err, frontier_server, opened, out, run_until_terminated
 from .summary import shown, utc_time
 
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -249,7 +249,7 @@ def runs_command(
     config = load_settings()
 
     async def work() -> tuple[list[RunSummary], dict[str, Spend]]:
-        async with opened(f"the {config.backend} frontier store", frontier_store(config)) as store:
+        async with opened(frontier_server(config), frontier_store(config)) as store:
             rows = await store.runs(
                 tenant=tenant,
                 statuses=statuses,
@@ -261,7 +261,10 @@ def runs_command(
             )
         if not rows:
             return rows, {}
-        async with opened(f"the {config.backend} spend ledger", spend_ledger(config)) as ledger:
+        ledger_server = (
+            "the sqlite spend ledger" if config.backend == "sqlite" else "PostgreSQL (DATABASE_URL)"
+        )
+        async with opened(ledger_server, spend_ledger(config)) as ledger:
             return rows, await ledger.run_totals([row.run_id for row in rows[:limit]])
 
     rows, spend = run_until_terminated(work())

@@ -43,6 +43,7 @@ from ._common import (
     JsonResultOption,
     RunArgument,
     echo_json,
+    frontier_server,
     opened,
     out,
     run_until_terminated,
@@ -93,7 +94,7 @@ def _with_store(
 ) -> _T:
     async def run() -> _T:
         store = _store(config, readonly=readonly)
-        async with opened(f"the {config.backend} frontier store", store) as store:
+        async with opened(frontier_server(config), store) as store:
             return await work(store)
 
     return run_until_terminated(run())

@@ -56,6 +56,7 @@ from ._common import (
     JsonResultOption,
     RunArgument,
     TenantOption,
+    backend_servers,
     checked_sqlite_directory,
     echo_json,
     error,
@@ -159,7 +160,7 @@ def with_backends(
             # Nor may another program's file quietly get Onward's tables: it holds no run.
             check_onward_sqlite(config.sqlite_path)
         stores = open_backends(config, readonly=readonly)
-        async with opened(f"the {config.backend} stores", stores) as backends:
+        async with opened(backend_servers(config), stores) as backends:
             return await work(backends)
 
     return run_until_terminated(on_stores())

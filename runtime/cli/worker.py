@@ -27,6 +27,7 @@ from onward.runtime.signing import RequestSigner
 from ._common import (
     KAFKA_MAX_MS,
     STOP_SIGNALS,
+    backend_servers,
     checked_sqlite_directory,
     err,
     imported,
@@ -314,7 +315,7 @@ def worker_command(
                 signal.signal(sig, signal.SIG_IGN)
 
     async def serve(signals: _Signals) -> None:
-        async with opened(f"the {config.backend} stores", open_backends(config)) as backends:
+        async with opened(backend_servers(config), open_backends(config)) as backends:
             worker = signals.worker = Worker(
                 backends,
                 model,

@@ -26,6 +26,7 @@ import typer
 from support.kafka import delete_topic, new_topic_name
 from support.pg import create_schema
 from typer.core import TyperGroup
+from typer.testing import CliRunner
 
 from onward._storage import KafkaConnection
 from onward.runtime.cli import _common, app
@@ -231,3 +232,63 @@ def test_opening_the_stores_waits_the_configured_timeout_when_it_is_the_longer(
     # A slow network given ONWARD_BACKEND_TIMEOUT=45 must not be cut off by the 20 s floor.
     monkeypatch.setenv("ONWARD_BACKEND_TIMEOUT", configured)
     assert _common.connect_timeout_s() == waited
+
+
+@pytest.mark.parametrize("command", [["runs"], ["quarantine", "list"]])
+def test_a_silent_frontier_store_is_named_as_its_server_not_the_backend(
+    silent_port: int, database_url: str, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ONWARD_BACKEND=kafka, a PostgreSQL that took the connection and never answered
+    until the command's connect bound passed (at the default settings both are 30 s, and the
+    bound wins) was reported as "the kafka frontier store did not answer", sending the reader
+    to Kafka: the line names PostgreSQL and DATABASE_URL."""
+    monkeypatch.setattr(_common, "connect_timeout_s", lambda: 1.0)
+    parts = urlsplit(database_url)
+    silent = parts._replace(netloc=parts.netloc.rpartition("@")[0] + f"@127.0.0.1:{silent_port}")
+    env = {
+        "ONWARD_BACKEND": "kafka",
+        "ONWARD_BACKEND_TIMEOUT": "30",
+        "DATABASE_URL": urlunsplit(silent),
+    }
+    result = CliRunner().invoke(app, command, env=env)
+    assert result.exit_code == 5, result.output
+    assert "PostgreSQL (DATABASE_URL) did not answer within 1s" in result.stderr, result.stderr
+    assert "kafka" not in result.stderr
+
+
+def test_stores_that_do_not_answer_are_named_as_their_servers(
+    deployment: Deployment, silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command on the kafka backend whose PostgreSQL took the connection and never answered
+    until the connect bound passed said "the kafka stores did not answer", sending the reader
+    to Kafka alone: the line names each server it opens and the variable that says where."""
+    monkeypatch.setattr(_common, "connect_timeout_s", lambda: 1.0)
+    env = {**deployment.env("postgres", silent_port), "ONWARD_BACKEND_TIMEOUT": "30"}
+    result = CliRunner().invoke(app, ["inspect", *RUN], env=env)
+    assert result.exit_code == 5, result.output
+    assert (
+        "one of Kafka (KAFKA_BOOTSTRAP_SERVERS), PostgreSQL (DATABASE_URL) and Redis (REDIS_URL) "
+        "did not answer within 1s"
+    ) in result.stderr, result.stderr
+
+
+def test_opening_a_silent_store_says_early_what_it_waits_on_and_until_when(
+    silent_port: int, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that took the connection and never answered kept a command silent until the
+    connect bound passed (30 s at the default settings): once it has waited
+    `_common.SAY_WAIT_AFTER_S`, the command says which server it waits on and until when, and
+    still ends at the bound, exit 5."""
+    monkeypatch.setattr(_common, "connect_timeout_s", lambda: 2.0)
+    monkeypatch.setattr(_common, "SAY_WAIT_AFTER_S", 0.5)
+    parts = urlsplit(database_url)
+    silent = parts._replace(netloc=parts.netloc.rpartition("@")[0] + f"@127.0.0.1:{silent_port}")
+    env = {"ONWARD_BACKEND": "postgres", "ONWARD_BACKEND_TIMEOUT": "30"}
+    began = time.time()
+    result = CliRunner().invoke(app, ["runs"], env={**env, "DATABASE_URL": urlunsplit(silent)})
+    assert result.exit_code == 5, result.output
+    waiting, failed = result.stderr.strip().splitlines()
+    assert waiting.startswith("waiting for PostgreSQL (DATABASE_URL) to answer; "), waiting
+    deadlines = {time.strftime("%H:%M:%S UTC", time.gmtime(began + 2 + d)) for d in (0, 1)}
+    assert any(f"until {deadline} " in waiting for deadline in deadlines), waiting
+    assert "PostgreSQL (DATABASE_URL) did not answer within 2s" in failed

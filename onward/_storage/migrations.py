@@ -296,6 +296,32 @@ def _refuse_another_programs(path: Path) -> None:
         )
 
 
+def migrate_sqlite_file(path: Path) -> list[str]:
+    """Bring an existing embedded store's file to this code's version; the migrations applied.
+
+    For `onward db migrate`: the read-only commands never migrate, so a file an older Onward
+    wrote is refused by them until something migrates it, and that should not have to be a
+    command that carries a run on. Another program's database, or a file that is no SQLite
+    database, is refused (`ConfigurationError`), as the commands about runs refuse them.
+    """
+    _refuse_another_programs(path)
+    try:
+        probe = connect_readonly(path)
+        try:
+            probe.execute("SELECT 1 FROM sqlite_master").fetchone()
+        finally:
+            probe.close()
+    except sqlite3.DatabaseError as exc:
+        raise ConfigurationError(f"{path}: not an Onward database ({exc})") from exc
+    conn = connect(path)
+    try:
+        applied = migrate_sqlite(conn)
+        verify_sqlite(conn, where=str(path))
+    finally:
+        conn.close()
+    return applied
+
+
 def open_sqlite(path: Path, *, migrate: bool, readonly: bool = False) -> sqlite3.Connection:
     """A connection to an embedded store's file, migrated if asked, at this code's version.
 

@@ -1,5 +1,5 @@
 """`onward db migrate`, `onward db verify` and `onward db pack-records`: the PostgreSQL schema in
-``DATABASE_URL``."""
+``DATABASE_URL`` (and, for `onward db migrate` on the embedded backend, the SQLite file)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from onward._storage import bound_lock_waits, connected
+from onward._storage import bound_lock_waits, connected, migrate_sqlite_file, translated
 from onward._storage import quoted_identifier as quoted
 from onward.errors import BackendUnavailableError, ConfigurationError
 from onward.eventlog.postgres import mark_records_packed
@@ -86,9 +86,16 @@ def migrate_command(as_json: JsonResultOption = False) -> None:
     """Apply pending PostgreSQL migrations (DATABASE_URL) and create the first builds, in
     ONWARD_DATABASE_SCHEMA if set (created if it does not exist).
 
+    With ONWARD_BACKEND=sqlite and no DATABASE_URL, the existing file ONWARD_SQLITE_PATH is
+    migrated instead, so the read-only commands can read a file an older Onward wrote.
+
     Exit 0: the schema is current. 2: bad configuration or credentials. 5: PostgreSQL failed.
     """
     config = load_settings()
+    if config.backend == "sqlite" and not config.database_url and config.sqlite_path.is_file():
+        with translated(f"migrating {config.sqlite_path}"):
+            _print_applied(migrate_sqlite_file(config.sqlite_path), as_json=as_json)
+        return
 
     async def run() -> list[str]:
         # A migration may build an index on a large table: only connecting, and the wait for
@@ -101,7 +108,11 @@ def migrate_command(as_json: JsonResultOption = False) -> None:
                 applied.insert(0, f"schema {quoted(schema)}")
             return applied
 
-    applied = run_until_terminated(run())
+    _print_applied(run_until_terminated(run()), as_json=as_json)
+
+
+def _print_applied(applied: list[str], *, as_json: bool) -> None:
+    """Say which migration steps were applied, or that the schema was current already."""
     if as_json:
         echo_json({"applied": applied, "current": True})
         return

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,6 +184,44 @@ def test_db_migrate_on_the_embedded_default_says_its_file_needs_no_command(db: P
         "no command)\n"
     )
     assert not db.exists()
+
+
+OLDER_SQLITE_FILE = TESTS / "fixtures" / "upgrade" / "sqlite_schema_5.db"
+
+
+def test_db_migrate_brings_a_file_an_older_onward_wrote_up_to_date(db: Path) -> None:
+    """The read-only commands refuse a file an older Onward wrote (commit f183a21, schema
+    version 5, one completed run ``run-done`` of tenant ``acme``) and say to run `onward db
+    migrate`: that command migrates it, and the run is then read as it was written."""
+    shutil.copyfile(OLDER_SQLITE_FILE, db)
+    refused = onward(db, "runs")
+    assert refused.exit_code == 2, refused.output
+    assert "schema version 5" in refused.stderr
+    assert "run `onward db migrate`" in refused.stderr
+    env = {"ONWARD_SQLITE_PATH": str(db), "ONWARD_BACKEND": "sqlite", "DATABASE_URL": None}
+    migrated = CliRunner().invoke(app, ["db", "migrate"], env=env)
+    assert migrated.exit_code == 0, migrated.output
+    assert "applied 0006_transcript" in migrated.stdout
+    shown = onward(db, "inspect", "run-done", "--tenant", "acme")
+    assert shown.exit_code == 0, shown.output
+    assert "completed" in shown.stdout
+    assert "booked" in shown.stdout
+    again = CliRunner().invoke(app, ["db", "migrate"], env=env)
+    assert again.exit_code == 0, again.output
+    assert again.stdout == "schema is current\n"
+
+
+def test_db_migrate_refuses_an_embedded_file_that_is_no_database(db: Path) -> None:
+    """A mistyped ONWARD_SQLITE_PATH naming some other file gets the same one-line refusal
+    (exit 2) as the commands about runs, not a driver error, and the file is left as it was."""
+    db.write_text("not a database")
+    env = {"ONWARD_SQLITE_PATH": str(db), "ONWARD_BACKEND": "sqlite", "DATABASE_URL": None}
+    result = CliRunner().invoke(app, ["db", "migrate"], env=env)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"ConfigurationError: {db}: not an Onward database (file is not a database)\n"
+    )
+    assert db.read_text() == "not a database"
 
 
 def test_inspect_refuses_the_memory_backend() -> None:

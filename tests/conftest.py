@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 import pytest_asyncio
 from support.kafka import fresh_topic
+from support.marker_probe import remember
 from support.pg import SchemaFactory, schema_factory
 from support.private_servers import PrivateKafka, PrivatePostgres, PrivateRedis, running
 from support.redis import fresh_prefix
@@ -246,6 +247,13 @@ def test_seed() -> int:
     """The session's seed: ``ONWARD_TEST_SEED`` when set, else a fresh one."""
     chosen = os.environ.get(SEED_VARIABLE)
     return int(chosen) if chosen else random.SystemRandom().randrange(2**32)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep every collected test before ``-m`` deselects any, for the marker checks in
+    test_fixtures.py (`support.marker_probe`)."""
+    remember(config, items)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
 from support.kafka import fresh_topic
 from support.marker_probe import OUT_VARIABLE as MARKER_OUT_VARIABLE
+from support.marker_probe import unmarked, whole_suite
 from support.pg import fresh_schema, schema_factory
 from support.redis import fresh_prefix
 from support.replay_probe import OUT_VARIABLE
@@ -126,9 +127,18 @@ def test_the_printed_seed_replays_a_workload_byte_for_byte(
 
 
 @pytest.mark.slow
-def test_every_test_on_the_shared_broker_carries_the_kafka_marker(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)  # alone, it collects the suite anew: two minutes on a busy machine
+def test_every_test_on_the_shared_broker_carries_the_kafka_marker(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """`make test-kafka` selects ``-m kafka`` to run the Kafka tests against the other broker
-    version; a test that takes the shared broker without the marker is silently left out."""
+    version; a test that takes the shared broker without the marker is silently left out. A
+    session that collected the whole suite is checked as it is; another collects it anew."""
+    suite = whole_suite(request.config, REPO / "tests")
+    if suite is not None:
+        assert request.node in suite
+        assert unmarked(suite) == []
+        return
     out = tmp_path / "unmarked"
     env = {**os.environ, MARKER_OUT_VARIABLE: str(out), "PYTHONPATH": str(REPO / "tests")}
     argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only"]
@@ -140,13 +150,25 @@ def test_every_test_on_the_shared_broker_carries_the_kafka_marker(tmp_path: Path
     assert out.read_text().splitlines() == []
 
 
-def test_the_paths_the_second_kafka_run_takes_exist_and_hold_kafka_tests() -> None:
+def test_the_paths_the_second_kafka_run_takes_exist_and_hold_kafka_tests(
+    request: pytest.FixtureRequest,
+) -> None:
     """`make test-kafka` runs the Kafka tests again by path: a file renamed or moved, or a path
-    mistyped, would quietly leave its tests out of the run on the other broker."""
+    mistyped, would quietly leave its tests out of the run on the other broker. A session that
+    collected the whole suite is checked as it is; another collects the paths anew."""
     makefile = (REPO / "Makefile").read_text()
     listed = makefile.split("KAFKA_AGAIN :=", 1)[1].split("\ntest-kafka:", 1)[0]
     paths = listed.replace("\\\n", " ").split()
     assert len(paths) >= 5, paths
+    suite = whole_suite(request.config, REPO / "tests")
+    if suite is not None:
+        assert request.node in suite
+        kafka = [item.nodeid for item in suite if item.get_closest_marker("kafka")]
+        for path in paths:
+            assert any(n.startswith((f"{path}/", f"{path}::")) for n in kafka), (
+                f"{path} holds no Kafka test"
+            )
+        return
     argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-m", "kafka"]
     done = subprocess.run(
         [sys.executable, *argv, *paths], cwd=REPO, capture_output=True, timeout=300, check=False

@@ -231,7 +231,13 @@ async def test_a_start_that_meets_a_lease_store_outage_is_not_dropped(
             ):
                 await proxy.cut()
                 await requests.submit(StartRun(run_id=run_id, tenant=TENANT, agent="stepper"))
-                await asyncio.sleep(3)  # the worker reads the start while Redis is cut
+                # The worker reads the start while Redis is cut, and tries it again.
+                tried = f"StartRun of run {run_id} not acted on yet"
+
+                async def tried_twice() -> bool:
+                    return caplog.text.count(tried) >= 2
+
+                await until(tried_twice, "two tries of the start while Redis is cut")
                 await proxy.restore()
                 deadline = asyncio.get_running_loop().time() + 30
                 while not await completed():

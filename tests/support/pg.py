@@ -104,6 +104,26 @@ async def blocked_on_a_lock(
     pytest.fail("the calls never reached the locked row")
 
 
+async def waited_for_by_another(
+    observer: asyncpg.Connection, holder: int, call: asyncio.Task[Any], *, wait_s: float = 10.0
+) -> None:
+    """Wait until a session waits for a lock the backend ``holder`` holds, as ``observer`` (out
+    of a transaction, which would keep showing one snapshot of the activity) sees; fail the
+    test if ``call`` ends first or no session waits within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if call.done():
+            await call
+            pytest.fail("the call finished without waiting for the held lock")
+        waiting = await observer.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", holder
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail(f"no session waited for a lock backend pid {holder} holds")
+
+
 async def build_registry_held_by_a_write(
     database_url: str,
     schema: str,
@@ -125,7 +145,7 @@ async def build_registry_held_by_a_write(
         async with writer.transaction():
             await writer.fetch(read_to_write)
             starting = asyncio.create_task(start())
-            await asyncio.sleep(0.5)
+            await waited_for_by_another(other, writer.get_server_pid(), starting)
             async with other.transaction():
                 await asyncio.wait_for(other.fetch(read_to_write), 2)
             with pytest.raises(BackendUnavailableError) as failed:

@@ -413,65 +413,67 @@ async def test_a_tls_client_at_a_plaintext_redis_port_is_told_the_url_may_want_r
     assert "use redis:// in REDIS_URL" in str(failed.value)
 
 
-UNCHECKED_POSTGRES = ["require", "prefer", "allow"]
+NAME_UNCHECKED = "checked against the CA but not the server's name"
+# Encrypted (or, with allow and prefer, maybe not) without checking who answers.
+SERVER_UNCHECKED = (
+    "certificate and name are not checked",
+    "use sslmode=verify-full with sslrootcert",
+)
+# The chain checked, the name not: any server whose certificate the same CA signed (another
+# tenant's, at a managed provider) is taken for the database. asyncpg takes verify_ca too.
+CHAIN_ONLY = (NAME_UNCHECKED, "use sslmode=verify-full, which also checks the name")
+UNCHECKED_POSTGRES = {
+    "require": SERVER_UNCHECKED,
+    "prefer": SERVER_UNCHECKED,
+    "allow": SERVER_UNCHECKED,
+    "verify-ca": CHAIN_ONLY,
+    "verify_ca": CHAIN_ONLY,
+}
 
 
-@pytest.mark.parametrize("sslmode", UNCHECKED_POSTGRES)
+@pytest.mark.parametrize("sslmode", list(UNCHECKED_POSTGRES))
 async def test_a_postgres_url_that_leaves_the_server_unchecked_is_warned_about(
     secured: SecuredServers,
     new_tls_schema: SchemaFactory,
     caplog: pytest.LogCaptureFixture,
     sslmode: str,
 ) -> None:
-    """An ``sslmode`` below ``verify-full`` encrypts (or may not) without checking who
-    answers: a server in the middle is taken for the database. The connection works, so
-    nothing else would tell the operator: one warning names the setting, never the password."""
+    """An ``sslmode`` below ``verify-full`` leaves the server, or its name, unchecked, and the
+    connection works as a checked one does, so nothing else would tell the operator: one
+    warning per URL and process names the setting, what is not checked and the remedy, never
+    the password. verify-full itself is not warned about."""
+    not_checked, remedy = UNCHECKED_POSTGRES[sslmode]
     schema = await new_tls_schema()
     caplog.set_level(logging.WARNING, logger="onward.storage")
     async with PostgresFrontierStore(secured.database_url, schema=schema) as store:
         await store.positions("frontiers")
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     unchecked = secured.database_url.replace("sslmode=verify-full", f"sslmode={sslmode}")
-    async with PostgresFrontierStore(unchecked, schema=schema) as store:
-        await store.positions("frontiers")
-    [warning] = [r.getMessage() for r in caplog.records]
-    assert f"sslmode={sslmode}" in warning, warning
-    assert "DATABASE_URL" in warning, warning
-    assert "verify-full" in warning, warning
-    assert secured.database_password not in warning
-
-
-@pytest.mark.parametrize("sslmode", ["verify-ca", "verify_ca"])
-async def test_a_postgres_url_that_checks_the_ca_but_not_the_name_is_warned_about(
-    secured: SecuredServers,
-    new_tls_schema: SchemaFactory,
-    caplog: pytest.LogCaptureFixture,
-    sslmode: str,
-) -> None:
-    """``sslmode=verify-ca`` (asyncpg takes ``verify_ca`` too) checks the certificate's chain
-    but not the server's name: any server whose certificate the same CA signed (another
-    tenant's, at a managed provider) is taken for the database, and the connection works as
-    a checked one does. One warning per URL and process says what is not checked and that
-    verify-full checks it, with the password hidden; verify-full itself is not warned about."""
-    schema = await new_tls_schema()
-    caplog.set_level(logging.WARNING, logger="onward.storage")
-    async with PostgresFrontierStore(secured.database_url, schema=schema) as store:
-        await store.positions("frontiers")
-    assert not caplog.records, [r.getMessage() for r in caplog.records]
-    chain_only = secured.database_url.replace("sslmode=verify-full", f"sslmode={sslmode}")
     for _ in range(2):
-        async with PostgresFrontierStore(chain_only, schema=schema) as store:
+        async with PostgresFrontierStore(unchecked, schema=schema) as store:
             await store.positions("frontiers")
     [warning] = [r.getMessage() for r in caplog.records]
-    assert f"DATABASE_URL {masked_url(chain_only)} has sslmode={sslmode}" in warning, warning
-    assert "not the server's name" in warning, warning
-    assert "sslmode=verify-full, which also checks the name" in warning, warning
+    assert f"DATABASE_URL {masked_url(unchecked)} has sslmode={sslmode}" in warning, warning
+    assert not_checked in warning, warning
+    assert remedy in warning, warning
     assert secured.database_password not in warning
 
 
 UNCHECKED_REDIS = {
-    "cert-reqs-none": ("ssl_cert_reqs=none", "certificate is not checked"),
-    "hostname-unchecked": ("ssl_check_hostname=False", "but not the server's name"),
+    "cert-reqs-none": (
+        "ssl_cert_reqs=none",
+        "has ssl_cert_reqs=none: the server's certificate is not checked",
+    ),
+    "hostname-unchecked": (
+        "ssl_check_hostname=False",
+        f"has ssl_check_hostname=False: the server's certificate is {NAME_UNCHECKED}",
+    ),
+    # redis-py takes the first of a repeated parameter (asyncpg the last): the certificate
+    # goes unchecked, yet the warning read the last value and said nothing.
+    "cert-reqs-twice": (
+        "ssl_cert_reqs=none&ssl_cert_reqs=required",
+        "has ssl_cert_reqs=none: the server's certificate is not checked",
+    ),
 }
 
 
@@ -480,34 +482,19 @@ async def test_a_redis_url_that_leaves_the_server_unchecked_is_warned_about(
     secured: SecuredServers, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
     """``rediss://`` with the certificate or the host name unchecked connects as well as a
-    checked one: one warning names the parameter that turned the check off, and says what is
-    left unchecked (with the name alone unchecked, naming the CA is no remedy)."""
-    parameter, unchecked = UNCHECKED_REDIS[case]
+    checked one: one warning names the parameter, as redis-py takes it, that turned the check
+    off, and says what is left unchecked (with the name alone unchecked, naming the CA is no
+    remedy)."""
+    parameters, says = UNCHECKED_REDIS[case]
     caplog.set_level(logging.WARNING, logger="onward.storage")
     store = await RedisLeaseStore.open(secured.redis_url, timeout_s=5)
     await store.close()
     assert not caplog.records, [r.getMessage() for r in caplog.records]
-    store = await RedisLeaseStore.open(f"{secured.redis_url}&{parameter}", timeout_s=5)
+    store = await RedisLeaseStore.open(f"{secured.redis_url}&{parameters}", timeout_s=5)
     await store.close()
     [warning] = [r.getMessage() for r in caplog.records]
-    assert parameter in warning, warning
-    assert unchecked in warning, warning
+    assert says in warning, warning
     assert "REDIS_URL" in warning, warning
-
-
-async def test_a_redis_url_naming_ssl_cert_reqs_twice_is_warned_about_by_the_value_redis_takes(
-    secured: SecuredServers, caplog: pytest.LogCaptureFixture
-) -> None:
-    """redis-py takes the first of a repeated query parameter (asyncpg the last): with
-    ``ssl_cert_reqs=none`` then ``=required`` the certificate goes unchecked, yet the warning
-    read the last value and said nothing."""
-    caplog.set_level(logging.WARNING, logger="onward.storage")
-    store = await RedisLeaseStore.open(
-        f"{secured.redis_url}&ssl_cert_reqs=none&ssl_cert_reqs=required", timeout_s=5
-    )
-    await store.close()
-    [warning] = [r.getMessage() for r in caplog.records]
-    assert "has ssl_cert_reqs=none: the server's certificate is not checked" in warning, warning
 
 
 async def test_a_redis_url_with_ssl_cert_reqs_optional_is_checked_and_not_warned_about(

@@ -71,6 +71,7 @@ class Agent:
     tenant_budget_micros: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_tools()
         names = [t.name for t in self.tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -83,6 +84,28 @@ class Agent:
                 raise ConfigurationError(
                     f"agent {self.name!r}: {name} must be whole micros of at least 0, "
                     f"got {budget!r}"
+                )
+
+    def _check_tools(self) -> None:
+        """Refuse ``tools`` that are not a sequence of `Tool` when the agent is made, naming
+        what was given: one tool not in a list, or a function without ``@tool``, would
+        otherwise fail on an attribute deep in the revision or the run."""
+        tools: object = self.tools
+        if isinstance(tools, Tool):
+            raise ConfigurationError(
+                f"agent {self.name!r}: tools must be a list of tools, got one Tool: "
+                f"tools=[{tools.name}]"
+            )
+        if not isinstance(tools, Sequence) or isinstance(tools, str):
+            raise ConfigurationError(
+                f"agent {self.name!r}: tools must be a list of tools, got {type(tools).__name__}"
+            )
+        for index, candidate in enumerate(tools):
+            if not isinstance(candidate, Tool):
+                kind = "function" if callable(candidate) else type(candidate).__name__
+                raise ConfigurationError(
+                    f"agent {self.name!r}: tools[{index}] is a {kind}, not a Tool: decorate it "
+                    "with @tool (onward.runtime.tool)"
                 )
 
     @cached_property

@@ -160,6 +160,27 @@ def test_an_agent_refuses_two_tools_of_one_name() -> None:
         Agent(name="a", instructions="", tools=[search, search])
 
 
+async def _undecorated(query: str, *, idempotency_key: str) -> str:
+    return query
+
+
+@pytest.mark.parametrize(
+    ("tools", "refusal"),
+    [
+        (search, r"tools must be a list of tools, got one Tool: tools=\[search\]"),
+        (None, r"tools must be a list of tools, got NoneType"),
+        ([search, _undecorated], r"tools\[1\] is a function, not a Tool: decorate it with @tool"),
+        (["search"], r"tools\[0\] is a str, not a Tool"),
+    ],
+)
+def test_an_agent_refuses_tools_that_are_not_a_list_of_tools(tools: Any, refusal: str) -> None:
+    """One tool not in a list, None, or a function without ``@tool`` is refused naming the
+    argument and what to do, not with "'Tool' object is not iterable" or "'function' object
+    has no attribute 'name'"."""
+    with pytest.raises(ConfigurationError, match=rf"^agent 'a': {refusal}"):
+        Agent(name="a", instructions="", tools=tools)
+
+
 # Every policy also folds the run's start and its end, whatever it names: a row from the start
 # lets a worker find a run that died before its first boundary.
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ import contextvars
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import (
@@ -180,6 +181,14 @@ class Worker:
     ) -> None:
         if max_runs < 1 or max_attempts < 1:
             raise InvalidInputError("max_runs and max_attempts must be at least 1")
+        # A zero or negative recheck would rescan every owned partition back to back, without
+        # a pause, for as long as the worker serves; NaN would never wait at all either.
+        if not math.isfinite(recheck_s) or recheck_s <= 0:
+            raise InvalidInputError(
+                f"recheck_s must be a positive number of seconds, got {recheck_s}"
+            )
+        if not math.isfinite(backoff_s) or backoff_s < 0:
+            raise InvalidInputError(f"backoff_s must be 0 or more seconds, got {backoff_s}")
         self.backends = backends
         # A run records its agent's `Agent.name`, and recovery, answers and the requests table
         # find the run's agent by it: under another key, the run would find no agent here.

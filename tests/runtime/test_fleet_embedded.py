@@ -647,3 +647,19 @@ async def test_a_worker_says_ready_and_stopped_in_one_line_each_whatever_the_wid
     assert lines[-1].startswith(f"worker {name} stopped: 0 started"), lines
     assert lines[-1].endswith("paused 0 times"), lines
     assert worker.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("recheck_s", 0.0), ("recheck_s", -1.0), ("recheck_s", float("nan")), ("backoff_s", -0.5)],
+)
+async def test_a_worker_refuses_a_recheck_or_backoff_that_would_never_wait(
+    tmp_path: Path, option: str, value: float
+) -> None:
+    """A recheck of zero or less (or NaN) would rescan every owned partition back to back for
+    as long as the worker serves, and a negative backoff is no wait either: the worker refuses
+    them when it is made, naming the option, instead of spinning once it serves."""
+    async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
+        options: dict[str, Any] = {option: value}
+        with pytest.raises(InvalidInputError, match=rf"^{option} must be"):
+            Worker(backends, ScriptedProvider(script), agents, **options)

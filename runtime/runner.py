@@ -208,9 +208,11 @@ class AgentRunner(Resource):
         prices: Micros per token per model (`PriceTable`); a model it does not name costs 0.
 
     Raises:
-        ConfigurationError: No lease store for a log that has none of its own, no frontier
-            store for a log that is not embedded, or ``checkpoint_inline`` without a frontier
-            store.
+        ConfigurationError: ``provider`` is not a `Provider`, ``max_tool_calls_per_turn`` is
+            not a whole number of at least 1, no lease store for a log that has none of its
+            own, no frontier store for a log that is not embedded, or ``checkpoint_inline``
+            without a frontier store.
+        InvalidInputError: ``worker`` is not a name Onward can store and print.
     """
 
     def __init__(
@@ -233,9 +235,19 @@ class AgentRunner(Resource):
         spend: SpendLedger | None = None,
         prices: PriceTable | None = None,
     ) -> None:
-        if max_tool_calls_per_turn < 1:
+        if not isinstance(provider, Provider):
             raise ConfigurationError(
-                f"max_tool_calls_per_turn must be at least 1, got {max_tool_calls_per_turn}"
+                "provider must be a chat model with an async complete(agent, messages) (a "
+                f"Provider, such as OpenAICompatibleProvider), got {type(provider).__name__}"
+            )
+        if (
+            not isinstance(max_tool_calls_per_turn, int)
+            or isinstance(max_tool_calls_per_turn, bool)
+            or max_tool_calls_per_turn < 1
+        ):
+            raise ConfigurationError(
+                f"max_tool_calls_per_turn must be a whole number of at least 1, got "
+                f"{max_tool_calls_per_turn!r}"
             )
         if checkpoint_inline and frontiers is None:
             raise ConfigurationError("checkpoint_inline needs a frontier store")
@@ -251,7 +263,7 @@ class AgentRunner(Resource):
         self.log = log
         self.leases = leases
         self.frontiers = frontiers
-        self.worker = worker or default_holder()
+        self.worker = default_holder() if worker in (None, "") else check_name("worker", worker)
         self.lease_policy = lease_policy or LeasePolicy()
         self.continuation = continuation
         self.max_tool_calls_per_turn = max_tool_calls_per_turn

@@ -19,6 +19,7 @@ from onward.runtime import LeasePolicy
 from onward.runtime.backends import open_backends
 from onward.runtime.cli import app
 from onward.runtime.leases.base import DEFAULT_LEASE_TTL_S
+from onward.runtime.providers import NoModel
 from onward.runtime.settings import Settings
 
 AGENTS = """
@@ -80,9 +81,9 @@ def test_the_variable_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> No
 async def test_a_runner_the_backends_make_takes_the_settings_ttl() -> None:
     settings = Settings(backend="memory", lease_ttl=9)
     async with open_backends(settings, in_process=True) as backends:
-        assert backends.runner(provider=None).lease_policy.ttl_s == 9  # type: ignore[arg-type]
+        assert backends.runner(NoModel()).lease_policy.ttl_s == 9
         given = LeasePolicy(ttl=timedelta(seconds=3))
-        assert backends.runner(None, lease_policy=given).lease_policy is given  # type: ignore[arg-type]
+        assert backends.runner(NoModel(), lease_policy=given).lease_policy is given
 
 
 def test_start_takes_the_default_then_the_variable_then_the_option(where: Path) -> None:

@@ -15,6 +15,7 @@ from support.crashes import Crash, CrashAt
 from onward.errors import (
     BackendUnavailableError,
     CheckpointFormatError,
+    ConfigurationError,
     HistoryUnavailableError,
     IndeterminateToolCallError,
     InvalidInputError,
@@ -974,3 +975,25 @@ async def test_a_call_whose_arguments_were_altered_in_the_blob_store_is_never_ma
             agent([write]), "go", tenant=TENANT, run_id="r"
         )
     assert written == []
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ({"provider": None}, r"^provider must be a chat model .* got NoneType"),
+        ({"max_tool_calls_per_turn": "3"}, r"^max_tool_calls_per_turn must be .* got '3'"),
+        ({"max_tool_calls_per_turn": True}, r"^max_tool_calls_per_turn must be .* got True"),
+        ({"worker": 123}, r"^worker must be a string, got int"),
+        ({"worker": "w\n2"}, r"^worker holds the control character"),
+    ],
+)
+def test_a_runner_refuses_a_bad_argument_when_made_naming_it(
+    options: dict[str, Any], refusal: str
+) -> None:
+    """A provider that is no model, a call cap that is not a whole number and a worker name
+    that cannot be stored are refused when the runner is made, naming the argument: before,
+    the first run failed on an AttributeError ("'int' object has no attribute 'startswith'",
+    "'NoneType' object has no attribute 'complete'") or a bare comparison TypeError."""
+    arguments: dict[str, Any] = {"provider": ScriptedProvider([reply("hi")]), **options}
+    with pytest.raises((ConfigurationError, InvalidInputError), match=refusal):
+        AgentRunner(log=MemoryEventLog(), **arguments)

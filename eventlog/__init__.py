@@ -128,11 +128,14 @@ __all__ = [
 ]
 
 # The backends on a server load their drivers: imported on first access.
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "DEFAULT_TOPIC": (".kafka", "DEFAULT_TOPIC"),
-        "KafkaEventLog": (".kafka", "KafkaEventLog"),
-        "PostgresEventLog": (".postgres", "PostgresEventLog"),
-    },
-)
+# Hidden from type checkers, which see each lazy name in the TYPE_CHECKING imports above:
+# with a module __getattr__ in view they would take a misspelt import for an `object`.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(
+        __name__,
+        {
+            "DEFAULT_TOPIC": (".kafka", "DEFAULT_TOPIC"),
+            "KafkaEventLog": (".kafka", "KafkaEventLog"),
+            "PostgresEventLog": (".postgres", "PostgresEventLog"),
+        },
+    )

@@ -108,12 +108,17 @@ def _installed_version() -> str:
 _exported, __dir__ = _lazy_exports(__name__, _LAZY)
 
 
-def __getattr__(name: str) -> object:
-    """``__version__`` is read on first access too; every other lazy name is `_LAZY`'s."""
-    if name != "__version__":
-        return _exported(name)
-    value = globals()[name] = _installed_version()
-    return value
+# Hidden from type checkers, which see each lazy name in the TYPE_CHECKING imports above:
+# with a module __getattr__ in view they would take a misspelt import for an `object`.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        """``__version__`` is read on first access too; every other lazy name is
+        `_LAZY`'s."""
+        if name != "__version__":
+            return _exported(name)
+        value = globals()[name] = _installed_version()
+        return value
 
 
 __all__ = [

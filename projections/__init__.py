@@ -64,20 +64,23 @@ __all__ = [
 ]
 
 # The projector and stores on a server load their drivers: imported on first access.
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "KafkaProjector": (".kafka", "KafkaProjector"),
-        "PostgresFrontierStore": (".postgres", "PostgresFrontierStore"),
-        "migrate": (".postgres", "migrate"),
-        "Projection": (".postgres_sql", "Projection"),
-        "SqlProjectionSink": (".postgres_sql", "SqlProjectionSink"),
-        **{
-            name: (".rebuild", name)
-            for name in ("RebuildReport", "rebuild", "rebuild_frontiers", "rebuild_projection")
+# Hidden from type checkers, which see each lazy name in the TYPE_CHECKING imports above:
+# with a module __getattr__ in view they would take a misspelt import for an `object`.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(
+        __name__,
+        {
+            "KafkaProjector": (".kafka", "KafkaProjector"),
+            "PostgresFrontierStore": (".postgres", "PostgresFrontierStore"),
+            "migrate": (".postgres", "migrate"),
+            "Projection": (".postgres_sql", "Projection"),
+            "SqlProjectionSink": (".postgres_sql", "SqlProjectionSink"),
+            **{
+                name: (".rebuild", name)
+                for name in ("RebuildReport", "rebuild", "rebuild_frontiers", "rebuild_projection")
+            },
         },
-    },
-)
+    )
 
 
 # `rebuild` is exported lazily (it loads asyncpg) and is also its submodule's name.

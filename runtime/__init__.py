@@ -127,7 +127,10 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = _lazy_exports(__name__, {name: (m, name) for name, m in _LAZY.items()})
+# Hidden from type checkers, which see each lazy name in the TYPE_CHECKING imports above:
+# with a module __getattr__ in view they would take a misspelt import for an `object`.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(__name__, {name: (m, name) for name, m in _LAZY.items()})
 
 
 # `ask` is exported lazily (it loads pydantic's JSON Schema) and is also its submodule's name.

@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import msgspec
 import pydantic
@@ -143,6 +143,16 @@ class Asking:
 
 _asking: ContextVar[Asking | None] = ContextVar("onward.asking", default=None)
 
+_Answer = TypeVar("_Answer")
+
+
+@overload
+def ask(question: str, *, schema: type[_Answer]) -> _Answer: ...
+
+
+@overload
+def ask(question: str, *, schema: Any = None) -> Any: ...
+
 
 def ask(question: str, *, schema: Any = None) -> Any:
     """Ask a person ``question`` from a tool's code; the answer, once there is one.
@@ -155,7 +165,8 @@ def ask(question: str, *, schema: Any = None) -> Any:
         schema: A JSON Schema (a dict) or a type pydantic validates; ``None``: any JSON value.
 
     Returns:
-        The answer: validated into ``schema`` when it is a type, else as recorded.
+        The answer: validated into ``schema`` when it is a type (and typed as it for a type
+        checker), else as recorded.
 
     Raises:
         ConfigurationError: Not called from the code of a tool Onward is running, or

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from onward.errors import ConfigurationError
 from onward.eventlog.base import EventLog
@@ -82,7 +82,8 @@ class Backends:
     leases: LeaseStore
     blobs: BlobStore
     compaction: CompactionStore | None = None
-    spend: SpendLedger | None = None
+    _: KW_ONLY
+    spend: SpendLedger
 
     @property
     def embedded(self) -> bool:
@@ -288,7 +289,7 @@ async def open_backends(
                     PostgresLeaseStore(database_url, schema=schema, timeout_s=timeout_s)
                 )
             blobs, compaction, spend = await _postgres_stores(stack, settings)
-        yield Backends(settings, log, frontiers, leases, blobs, compaction, spend)
+        yield Backends(settings, log, frontiers, leases, blobs, compaction, spend=spend)
 
 
 __all__ = ["Backends", "kafka_frontier_store", "open_backends"]

@@ -137,9 +137,9 @@ def test_lazy_names_are_the_objects_they_name() -> None:
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no_such_name"):
-        _ = onward.no_such_name
+        _ = onward.no_such_name  # type: ignore[attr-defined]
     with pytest.raises(ImportError):
-        from onward import no_such_name  # noqa: F401, PLC0415
+        from onward import no_such_name  # type: ignore[attr-defined]  # noqa: F401, PLC0415
 
 
 def test_redis_errors_translate_when_redis_is_imported_after_storage() -> None:

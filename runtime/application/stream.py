@@ -522,7 +522,7 @@ class RunStream:
         than dropped)."""
         spend = self.app.backends.spend
         ends = isinstance(event, RunFinished | RunContinued) and (event.seq, 0) > self._after
-        if not ends or spend is None:
+        if not ends:
             return None
         try:
             return (await spend.run_total(self.run_id)).micros

@@ -58,10 +58,8 @@ async def stores_reachable(backends: Backends) -> str | None:
         (f"the event log ({backends.settings.backend})", lambda: backends.log.bounds(0)),
         ("the frontier store", lambda: backends.frontiers.positions(PROBE_CONSUMER)),
         ("the lease store", lambda: backends.leases.current(PROBE_RUN)),
+        ("the spend ledger", lambda: backends.spend.run_total(PROBE_RUN)),
     ]
-    spend = backends.spend
-    if spend is not None:
-        checks.append(("the spend ledger", lambda: spend.run_total(PROBE_RUN)))
     for name, check in checks:
         why = await probe(name, check())
         if why is not None:

@@ -286,7 +286,7 @@ def inspect_command(
     async def work(backends: Backends) -> None:
         frontier, lease, lost = await _look(backends, run_id, tenant)
         chain = await _chain(backends, frontier)
-        spend = None if backends.spend is None else await backends.spend.run_total(run_id)
+        spend = await backends.spend.run_total(run_id)
         if as_json:
             facts = run_facts(frontier, lease=lease, chain=chain, spend=spend)
             echo_json(facts)

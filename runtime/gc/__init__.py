@@ -36,10 +36,13 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "RedisKeySweeper": (".redis", "RedisKeySweeper"),
-        "RedisFrontierSweeper": (".redis_frontiers", "RedisFrontierSweeper"),
-    },
-)
+# Hidden from type checkers, which see each lazy name in the TYPE_CHECKING imports above:
+# with a module __getattr__ in view they would take a misspelt import for an `object`.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(
+        __name__,
+        {
+            "RedisKeySweeper": (".redis", "RedisKeySweeper"),
+            "RedisFrontierSweeper": (".redis_frontiers", "RedisFrontierSweeper"),
+        },
+    )

@@ -33,14 +33,17 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "CancelAskHeard": (".holder", "CancelAskHeard"),
-        "Leaseholder": (".holder", "Leaseholder"),
-        "MemoryLeaseStore": (".memory", "MemoryLeaseStore"),
-        "PostgresLeaseStore": (".postgres", "PostgresLeaseStore"),
-        "RedisLeaseStore": (".redis", "RedisLeaseStore"),
-        "SqliteLeaseStore": (".sqlite", "SqliteLeaseStore"),
-    },
-)
+# Hidden from type checkers, which see each lazy name in the TYPE_CHECKING imports above:
+# with a module __getattr__ in view they would take a misspelt import for an `object`.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(
+        __name__,
+        {
+            "CancelAskHeard": (".holder", "CancelAskHeard"),
+            "Leaseholder": (".holder", "Leaseholder"),
+            "MemoryLeaseStore": (".memory", "MemoryLeaseStore"),
+            "PostgresLeaseStore": (".postgres", "PostgresLeaseStore"),
+            "RedisLeaseStore": (".redis", "RedisLeaseStore"),
+            "SqliteLeaseStore": (".sqlite", "SqliteLeaseStore"),
+        },
+    )

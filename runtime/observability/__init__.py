@@ -42,28 +42,31 @@ __all__ = [
     "use_tracer_provider",
 ]
 
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        **{
-            name: (".counts", name)
-            for name in (
-                "COUNTS",
-                "RUN_STEPS",
-                "TOOL_CALL_DISPOSITIONS",
-                "RuntimeCounts",
-                "Timings",
-            )
+# Hidden from type checkers, which see each lazy name in the TYPE_CHECKING imports above:
+# with a module __getattr__ in view they would take a misspelt import for an `object`.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(
+        __name__,
+        {
+            **{
+                name: (".counts", name)
+                for name in (
+                    "COUNTS",
+                    "RUN_STEPS",
+                    "TOOL_CALL_DISPOSITIONS",
+                    "RuntimeCounts",
+                    "Timings",
+                )
+            },
+            **{
+                name: (".metrics", name)
+                for name in ("ProjectorCollector", "WorkerCollector", "process_registry")
+            },
+            **{name: (".observe", name) for name in ("ToolCallEnd", "run_step", "tool_call")},
+            **{
+                name: (".server", name)
+                for name in ("READY_WITHIN_S", "HealthServer", "Readiness", "Refresh", "probe")
+            },
+            **{name: (".tracing", name) for name in ("span", "use_tracer_provider")},
         },
-        **{
-            name: (".metrics", name)
-            for name in ("ProjectorCollector", "WorkerCollector", "process_registry")
-        },
-        **{name: (".observe", name) for name in ("ToolCallEnd", "run_step", "tool_call")},
-        **{
-            name: (".server", name)
-            for name in ("READY_WITHIN_S", "HealthServer", "Readiness", "Refresh", "probe")
-        },
-        **{name: (".tracing", name) for name in ("span", "use_tracer_provider")},
-    },
-)
+    )

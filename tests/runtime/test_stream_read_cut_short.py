@@ -86,7 +86,6 @@ async def test_a_read_cut_short_while_the_run_s_spend_is_read_loses_no_message(
     ledger answers must leave that end to the next read, not count it as taken."""
     async with onward.open(settings, agents=agents, provider=provider()) as app:
         spend = app.backends.spend
-        assert spend is not None
         slow = SlowFirstTotal(spend)
         # The stream reads its app's stores; the worker driving the run keeps its own.
         monkeypatch.setattr(

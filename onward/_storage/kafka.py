@@ -38,7 +38,9 @@ from aiokafka.protocol.admin import SaslHandShakeRequest
 from onward.errors import ConfigurationError
 
 from .locks import _clock
+from .logs import masked_sasl_logs
 from .stores import BACKEND_TIMEOUT_S
+from .urls import masked_url
 from .waits import outlast
 
 log = logging.getLogger("onward.storage")
@@ -244,7 +246,10 @@ async def stop_or_drop(client: Any, timeout_s: float) -> None:
 
 def _server_problem(server: str) -> str | None:
     """Why one ``host[:port]`` (``[v6]:port``) of the bootstrap list is unusable, or None: said
-    here, naming the variable, rather than by the client's parser as the agent's failure."""
+    here, naming the variable, rather than by the client's parser as the agent's failure. The
+    entry is shown without a password (`masked_url`): a connection string pasted where
+    host:port belongs (``SASL_SSL://user:password@host:port``) is one reason it is refused."""
+    shown = masked_url(server)
     if not server:
         return "an empty entry between commas"
     if "://" in server:
@@ -252,13 +257,13 @@ def _server_problem(server: str) -> str | None:
         # take it for a host name and report the brokers as unreachable, which no retry cures.
         scheme = server.partition("://")[0]
         return (
-            f"{server!r} has a scheme ({scheme}://), which the clients take for part of the "
+            f"{shown!r} has a scheme ({scheme}://), which the clients take for part of the "
             "host (KAFKA_SECURITY_PROTOCOL says how to connect)"
         )
     if server.startswith("["):
         host, bracket, rest = server[1:].partition("]")
         if not bracket or not host or (rest and not rest.startswith(":")):
-            return f"{server!r} is not [IPv6 address]:port"
+            return f"{shown!r} is not [IPv6 address]:port"
         port = rest[1:] if rest else None
     elif ":" in server:
         host, _, port = server.rpartition(":")
@@ -268,15 +273,15 @@ def _server_problem(server: str) -> str | None:
             # The client reads host:port from the last colon: "host:9092:x" failed in its
             # parser, as if the agent had raised it.
             return (
-                f"{server!r} is neither host:port nor an IPv6 address ([address]:port)"
+                f"{shown!r} is neither host:port nor an IPv6 address ([address]:port)"
                 if host
-                else f"{server!r} has no host"
+                else f"{shown!r} has no host"
             )
     else:
         port = None  # a host: the default port
     if port is None or (port.isascii() and port.isdigit() and int(port) <= 65535):
         return None
-    return f"{server!r} has a port that is not a number from 0 to 65535"
+    return f"{shown!r} has a port that is not a number from 0 to 65535"
 
 
 def _is_ipv6_address(text: str) -> bool:
@@ -365,6 +370,8 @@ class KafkaConnection:
             )
         self._check_sasl()
         self._check_ssl()
+        if self.uses_sasl:
+            masked_sasl_logs()  # every client of this connection logs its SASL request at DEBUG
         if self.uses_tls:
             object.__setattr__(self, "ssl_context", self._build_ssl_context())
 

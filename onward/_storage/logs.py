@@ -9,6 +9,9 @@ what failed. Nothing else about the records changes (level, logger, message).
 The HTTP clients log every request with its whole URL (httpx at INFO, which ``onward worker``
 logs at), and the MCP client logs the URL it connects to: an MCP server's URL may carry a
 password or a token, so :func:`masked_http_logs` hides them in those records.
+
+aiokafka logs every request it sends at DEBUG, the SASL exchange's too: over PLAIN its bytes
+are the user and the password themselves, so :func:`masked_sasl_logs` hides them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import logging
 import re
 from typing import Final
+
+from .urls import HIDDEN
 
 DRIVER_LOGGERS = (
     "aiokafka",
@@ -122,3 +127,33 @@ def masked_http_logs() -> None:
         logger = logging.getLogger(name)
         if _MASKED_URLS not in logger.filters:
             logger.addFilter(_MASKED_URLS)
+
+
+class HiddenSaslBytes(logging.Filter):
+    """Hides the bytes of the SASL requests aiokafka logs at DEBUG (``Request to host:port n:
+    SaslAuthenticateRequest_v1(sasl_auth_bytes=b'user\\x00user\\x00password')``): over PLAIN
+    they hold the password as it is, and SCRAM's hold the proof of it. The request is matched by
+    its class's name, so aiokafka is not imported for a filter."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(map(_is_sasl_request, record.args)):
+            record.args = tuple(
+                f"{type(arg).__name__}(sasl_auth_bytes={HIDDEN})" if _is_sasl_request(arg) else arg
+                for arg in record.args
+            )
+        return True
+
+
+def _is_sasl_request(arg: object) -> bool:
+    return type(arg).__name__.startswith("SaslAuthenticateRequest")
+
+
+_HIDDEN_SASL_BYTES = HiddenSaslBytes()
+
+
+def masked_sasl_logs() -> None:
+    """Put the :class:`HiddenSaslBytes` filter on aiokafka's connection logger; doing it again
+    changes nothing."""
+    logger = logging.getLogger("aiokafka.conn")
+    if _HIDDEN_SASL_BYTES not in logger.filters:
+        logger.addFilter(_HIDDEN_SASL_BYTES)

@@ -233,6 +233,29 @@ def test_an_empty_bootstrap_list_is_refused() -> None:
         KafkaEventLog("")
 
 
+@pytest.mark.parametrize(
+    ("servers", "shown"),
+    [
+        (f"SASL_SSL://onward:{SASL_PASSWORD}@broker:9094", "SASL_SSL:***@broker:9094"),
+        (f"kafka://onward:{SASL_PASSWORD}@broker:9094", "kafka://onward:***@broker:9094"),
+        (f"onward:{SASL_PASSWORD}@broker:9094", "onward:***@broker:9094"),
+        (f"onward:{SASL_PASSWORD}@broker", "onward:***@broker"),
+        (f"b-1:9094,onward:p%40{SASL_PASSWORD}@b-2:9094", "onward:***@b-2:9094"),
+    ],
+)
+def test_a_bootstrap_server_given_with_a_password_is_refused_without_it(
+    servers: str, shown: str
+) -> None:
+    """A connection string pasted where host:port belongs (a managed Kafka's
+    ``SASL_SSL://user:password@host:port``) was refused quoting the entry whole, password and
+    all, on stderr and in the logs: the entry is named with its password hidden (and the user
+    too after a scheme no URL has, ``SASL_SSL``, as `masked_url` reads it)."""
+    with pytest.raises(ConfigurationError, match="KAFKA_BOOTSTRAP_SERVERS") as refused:
+        KafkaConnection(servers)
+    assert shown in str(refused.value)
+    assert SASL_PASSWORD not in str(refused.value)
+
+
 def test_files_are_checked_when_the_connection_is_made(tmp_path: Path) -> None:
     missing = tmp_path / "ca.pem"
     with pytest.raises(ConfigurationError, match=f"KAFKA_SSL_CA_LOCATION: cannot read {missing}"):

@@ -12,6 +12,7 @@ variable, before anything is written.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import subprocess
@@ -389,3 +390,26 @@ async def test_errors_from_the_broker_never_carry_the_password(
     assert "KAFKA_SASL_PASSWORD" in str(refused.value)
     assert WRONG_PASSWORD not in str(refused.value)
     assert WRONG_PASSWORD not in repr(refused.value)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+async def test_debug_logs_of_the_sasl_exchange_never_carry_the_password(
+    secured_kafka: SecuredKafka, mechanism: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiokafka logs every request it sends at DEBUG, the SASL one with its bytes (over PLAIN,
+    the password as it is; over SCRAM, the proof of it): a deployment debugging its connection
+    must find neither in its logs, whether the broker took the password or refused it."""
+    caplog.set_level(logging.DEBUG)
+    taken = secured_kafka.connection(mechanism)
+    admin = taken.admin()
+    await taken.start(admin)
+    await admin.close()
+    env = {**secured_kafka.env(mechanism), "KAFKA_SASL_PASSWORD": WRONG_PASSWORD}
+    refused = Settings(backend="kafka", **_fields(env)).kafka_connection()
+    with pytest.raises(ConfigurationError, match="KAFKA_SASL_PASSWORD"):
+        await refused.start(refused.admin())
+    requests = [line for line in caplog.text.splitlines() if "SaslAuthenticateRequest" in line]
+    assert requests  # the exchange is still logged, its bytes hidden
+    assert all("sasl_auth_bytes=***" in line for line in requests), requests
+    assert secured_kafka.password not in caplog.text
+    assert WRONG_PASSWORD not in caplog.text

@@ -43,6 +43,33 @@ from .translate import (
 from .urls import masked_url, warn_unchecked_server, without_passwords
 
 
+@contextlib.contextmanager
+def usable_redis_url(url: str) -> Iterator[None]:
+    """Refuse ``url`` as `ConfigurationError` naming REDIS_URL when redis-py cannot make a
+    pool of it in the block (a port that is not a number, an option it does not take).
+
+    The URL is shown, for the operator to find the mistake, without its password, and so is
+    redis-py's text (a password holding a ``/`` or ``#`` ends the authority early, and its
+    first half is quoted as the port); the driver's exception is not chained, as its text may
+    hold the URL as it was given.
+    """
+    try:
+        yield
+    except (ValueError, TypeError, RedisError) as exc:
+        raise ConfigurationError(
+            f"REDIS_URL {masked_url(url)} is not a Redis URL: {without_passwords(str(exc), url)}"
+            + (" (the ssl_ parameters need rediss://)" if "'ssl_" in str(exc) else "")
+        ) from None
+
+
+def checked_connection_options(pool: aioredis.ConnectionPool) -> None:
+    """Make one connection object of ``pool`` (no socket is opened): the URL's query becomes
+    the connection's arguments, and one it does not take (a TLS one on redis://, a misspelt
+    one, a value redis-py refuses with its own error, such as ssl_cert_reqs=OPTIONAL) fails
+    here, inside `usable_redis_url`, not as a TypeError at first use."""
+    pool.connection_class(**pool.connection_kwargs)
+
+
 class RedisStore(Resource):
     """A store in Redis, on a blocking pool of at most ``max_connections`` connections.
 
@@ -84,7 +111,7 @@ class RedisStore(Resource):
 
     async def _connect(self) -> None:
         """Open the pool, let the store set itself up, and check Redis answers."""
-        try:
+        with usable_redis_url(self._url):
             pool = aioredis.BlockingConnectionPool.from_url(
                 self._url,
                 max_connections=self._max_connections,
@@ -94,18 +121,7 @@ class RedisStore(Resource):
                 decode_responses=True,
             )
             client = aioredis.Redis(connection_pool=pool)
-            # The URL's query becomes the connection's arguments: one it does not take (a TLS
-            # one on redis://, a misspelt one, a value redis-py refuses with its own error,
-            # such as ssl_cert_reqs=OPTIONAL) fails here, not as a TypeError at first use.
-            pool.connection_class(**pool.connection_kwargs)
-        except (ValueError, TypeError, RedisError) as exc:
-            # The URL is shown, for the operator to find the mistake, without its password; the
-            # driver's exception is not chained, as its text may hold the URL as it was given.
-            raise ConfigurationError(
-                f"REDIS_URL {masked_url(self._url)} is not a Redis URL: "
-                f"{without_passwords(str(exc), self._url)}"
-                + (" (the ssl_ parameters need rediss://)" if "'ssl_" in str(exc) else "")
-            ) from None
+            checked_connection_options(pool)
         warn_unchecked_server(self._url, "REDIS_URL")
         self._client = client
         self._started(client)
@@ -407,4 +423,4 @@ async def _pipeline(client: aioredis.Redis, calls: list[_ScriptCall]) -> list[An
         return list(await pipe.execute(raise_on_error=False))[len(scripts) :]
 
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisStore", "checked_connection_options", "usable_redis_url"]

@@ -432,6 +432,29 @@ async def test_gc_removes_a_runs_entry(tmp_path: Path, cache: SchemaCache) -> No
     assert await cache.load("r1") == {}
 
 
+@pytest.mark.parametrize(
+    ("url", "hidden"),
+    [
+        ("redis://default:pa/ss@127.0.0.1:6379/0", ("pa/ss", "pa")),
+        ("redis://default:s3c#ret@127.0.0.1:6379/0", ("s3c#ret", "s3c")),
+        ("redis://default:s3cret@127.0.0.1:6379/0?socket_timeout=abc", ("s3cret",)),
+        ("redis://default:s3cret@127.0.0.1:6379/0?no_such_option=1", ("s3cret",)),
+    ],
+)
+def test_a_redis_url_the_cache_cannot_use_is_refused_without_its_password(
+    url: str, hidden: tuple[str, ...]
+) -> None:
+    """A schema cache's REDIS_URL redis-py cannot use failed with its bare ValueError, which
+    quoted the half of a password holding a ``/`` or ``#`` as the port, or (an option it does
+    not take) at the first read, as a TypeError out of the run: it is refused when the cache
+    is made, naming REDIS_URL without its password, as a Redis store refuses it."""
+    with pytest.raises(ConfigurationError, match="REDIS_URL redis://default:\\*\\*\\*@") as refused:
+        SchemaCache.from_url(url)
+    for piece in hidden:
+        assert f"'{piece}'" not in str(refused.value)
+        assert f":{piece}@" not in str(refused.value)
+
+
 async def test_a_redis_that_is_down_costs_warmth_not_the_run(tmp_path: Path) -> None:
     async with SchemaCache.from_url(f"redis://127.0.0.1:{_free_port()}/0") as down:
         async with MCPToolset([stdio_server(tmp_path)], run_id="r1", cache=down) as toolset:

@@ -26,6 +26,7 @@ import redis.exceptions as redis_errors
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from onward._storage import Resource, translate, warn_unchecked_server
+from onward._storage.redis import checked_connection_options, usable_redis_url
 from onward.errors import ConfigurationError, InvalidInputError
 from onward.runtime.settings import (
     MAX_SCHEMA_CACHE_TTL_HOURS,
@@ -210,9 +211,16 @@ class SchemaCache(Resource):
     def from_url(
         cls, url: str, *, prefix: str = DEFAULT_PREFIX, ttl: timedelta = timedelta(hours=24)
     ) -> SchemaCache:
-        """A cache on its own Redis connection pool, closed with the cache."""
+        """A cache on its own Redis connection pool, closed with the cache.
+
+        Raises:
+            ConfigurationError: redis-py cannot use ``url``; named without its password.
+        """
+        with usable_redis_url(url):
+            client = redis_asyncio.Redis.from_url(url)
+            checked_connection_options(client.connection_pool)
         warn_unchecked_server(url, "REDIS_URL")
-        return cls(redis_asyncio.Redis.from_url(url), prefix=prefix, ttl=ttl, owns_client=True)
+        return cls(client, prefix=prefix, ttl=ttl, owns_client=True)
 
     @classmethod
     def from_settings(cls, settings: MCPSettings | None = None) -> SchemaCache | None:

@@ -238,7 +238,8 @@ class AgentRunner(Resource):
         if not isinstance(provider, Provider):
             raise ConfigurationError(
                 "provider must be a chat model with an async complete(agent, messages) (a "
-                f"Provider, such as OpenAICompatibleProvider), got {type(provider).__name__}"
+                "Provider, such as OpenAICompatibleProvider; NoModel() for a runner that only "
+                f"reads runs or records what people do), got {type(provider).__name__}"
             )
         if (
             not isinstance(max_tool_calls_per_turn, int)

@@ -31,6 +31,7 @@ from onward.projections.compaction import SqliteCompactionStore
 from onward.runtime.cli import app
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.gc import GarbageCollector, SqliteRecordSweeper
+from onward.runtime.providers import NoModel
 
 LIVE = "long"
 
@@ -41,7 +42,7 @@ async def _prepare(folder: Path) -> None:
         await world.live_run(LIVE, turns=10, done=8)
         history = await world.log.read_run(LIVE)
         first_settled = next(s.event.seq for s in history if isinstance(s.event, TurnSettled))
-        await world.runner(None).tag(LIVE, "first", tenant=TENANT, seq=first_settled)
+        await world.runner(NoModel()).tag(LIVE, "first", tenant=TENANT, seq=first_settled)
         await world.fold()
 
 

@@ -16,6 +16,7 @@ from support.servers import KafkaServers
 
 from onward.runtime.compaction import CheckpointCompactor
 from onward.runtime.gc import GarbageCollector
+from onward.runtime.providers import NoModel
 
 DAY_S = 86_400.0
 
@@ -26,7 +27,7 @@ async def test_a_run_collected_while_a_pass_plans_it_keeps_no_compaction_rows(
     async with world_of(clustered, tmp_path) as world:
         await world.finished_run("old", turns=2)
         await world.fold()
-        await world.runner(None).tag("old", "keep", tenant=TENANT, seq=1)
+        await world.runner(NoModel()).tag("old", "keep", tenant=TENANT, seq=1)
         await world.fold()
 
         async def collect(step: str, partition: int) -> None:

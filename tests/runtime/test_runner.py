@@ -980,7 +980,11 @@ async def test_a_call_whose_arguments_were_altered_in_the_blob_store_is_never_ma
 @pytest.mark.parametrize(
     ("options", "refusal"),
     [
-        ({"provider": None}, r"^provider must be a chat model .* got NoneType"),
+        (
+            {"provider": None},
+            r"^provider must be a chat model .*; NoModel\(\) for a runner that only reads runs .*"
+            r"got NoneType",
+        ),
         ({"max_tool_calls_per_turn": "3"}, r"^max_tool_calls_per_turn must be .* got '3'"),
         ({"max_tool_calls_per_turn": True}, r"^max_tool_calls_per_turn must be .* got True"),
         ({"worker": 123}, r"^worker must be a string, got int"),

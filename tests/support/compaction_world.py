@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from onward.eventlog import KafkaEventLog, Message, SqliteEventLog, Tagged, ToolCall
 from onward.eventlog.base import EventLog, SequenceGuard, partition_for
@@ -32,6 +31,7 @@ from onward.runtime import (
     AgentRunner,
     LeaseStore,
     ModelReply,
+    Provider,
     RedisLeaseStore,
     ScriptedProvider,
     SqliteLeaseStore,
@@ -93,7 +93,7 @@ class World:
     servers: KafkaServers | None = None
     """Kafka + PostgreSQL + Redis: the test's topic, schema and key prefix."""
 
-    def runner(self, provider: Any) -> AgentRunner:
+    def runner(self, provider: Provider) -> AgentRunner:
         return AgentRunner(
             provider=provider,
             log=self.log,

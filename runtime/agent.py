@@ -40,6 +40,13 @@ class RunToolset(Protocol):
         ...
 
 
+_AS_TOOLSET = (
+    "give it as toolsets=[...] (its tools built for each run), or its tools once it is open "
+    "(tools=toolset.tools)"
+)
+"""What to do with a toolset given as a tool: no decorator makes it one."""
+
+
 @dataclass(frozen=True)
 class Agent:
     """What a run executes.
@@ -89,24 +96,40 @@ class Agent:
     def _check_tools(self) -> None:
         """Refuse ``tools`` that are not a sequence of `Tool` when the agent is made, naming
         what was given: one tool not in a list, or a function without ``@tool``, would
-        otherwise fail on an attribute deep in the revision or the run."""
+        otherwise fail on an attribute deep in the revision or the run. A toolset (an MCP
+        server's) is sent to ``toolsets``: no decorator makes it a tool."""
         tools: object = self.tools
         if isinstance(tools, Tool):
             raise ConfigurationError(
                 f"agent {self.name!r}: tools must be a list of tools, got one Tool: "
                 f"tools=[{tools.name}]"
             )
+        if isinstance(tools, RunToolset):
+            raise ConfigurationError(
+                f"agent {self.name!r}: tools must be a list of tools, got a toolset "
+                f"({type(tools).__name__}): {_AS_TOOLSET}"
+            )
         if not isinstance(tools, Sequence) or isinstance(tools, str):
             raise ConfigurationError(
                 f"agent {self.name!r}: tools must be a list of tools, got {type(tools).__name__}"
             )
         for index, candidate in enumerate(tools):
-            if not isinstance(candidate, Tool):
-                kind = "function" if callable(candidate) else type(candidate).__name__
+            if isinstance(candidate, Tool):
+                continue
+            if isinstance(candidate, RunToolset):
                 raise ConfigurationError(
-                    f"agent {self.name!r}: tools[{index}] is a {kind}, not a Tool: decorate it "
+                    f"agent {self.name!r}: tools[{index}] is a toolset "
+                    f"({type(candidate).__name__}), not a Tool: {_AS_TOOLSET}"
+                )
+            if callable(candidate):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: tools[{index}] is a function, not a Tool: decorate it "
                     "with @tool (onward.runtime.tool)"
                 )
+            raise ConfigurationError(
+                f"agent {self.name!r}: tools[{index}] is a {type(candidate).__name__}, not a "
+                "Tool: give the function decorated with @tool (onward.runtime.tool) itself"
+            )
 
     @cached_property
     def revision(self) -> str:

@@ -10,6 +10,7 @@ import pytest
 
 from onward.errors import ConfigurationError
 from onward.eventlog import MemoryEventLog, ToolCall
+from onward.integrations.mcp import MCPToolset
 from onward.projections.memory import MemoryFrontierStore
 from onward.runtime.agent import Agent
 from onward.runtime.checkpoint import CheckpointPolicy
@@ -170,13 +171,22 @@ async def _undecorated(query: str, *, idempotency_key: str) -> str:
         (search, r"tools must be a list of tools, got one Tool: tools=\[search\]"),
         (None, r"tools must be a list of tools, got NoneType"),
         ([search, _undecorated], r"tools\[1\] is a function, not a Tool: decorate it with @tool"),
-        (["search"], r"tools\[0\] is a str, not a Tool"),
+        (["search"], r"tools\[0\] is a str, not a Tool: give the function decorated with @tool"),
+        (
+            [MCPToolset([])],
+            r"tools\[0\] is a toolset \(MCPToolset\), not a Tool: give it as toolsets=\[\.\.\.\]",
+        ),
+        (
+            MCPToolset([]),
+            r"tools must be a list of tools, got a toolset \(MCPToolset\): give it as",
+        ),
     ],
 )
 def test_an_agent_refuses_tools_that_are_not_a_list_of_tools(tools: Any, refusal: str) -> None:
     """One tool not in a list, None, or a function without ``@tool`` is refused naming the
     argument and what to do, not with "'Tool' object is not iterable" or "'function' object
-    has no attribute 'name'"."""
+    has no attribute 'name'"; a toolset (an MCP server's) given as a tool is sent to
+    ``toolsets``, not told to be decorated with ``@tool``, which cannot make it one."""
     with pytest.raises(ConfigurationError, match=rf"^agent 'a': {refusal}"):
         Agent(name="a", instructions="", tools=tools)
 

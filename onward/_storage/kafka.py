@@ -609,14 +609,22 @@ class KafkaConnection:
     async def _say_waits(self, starting: asyncio.Future[None], wait_s: float) -> None:
         """Say once per bootstrap address that a start has waited on it `_SAY_AFTER_S`: which
         address, whether connected (a silent server cannot be told from a hung broker, but it
-        must not be waited on in silence) and when the wait gives up."""
+        must not be waited on in silence) and when the wait gives up.
+
+        The address is read from aiokafka's private coroutine frames: when none is ever found
+        there (an aiokafka whose bootstrap looks otherwise), the wait is still said once, naming
+        the bootstrap list instead of one address."""
         began = time.monotonic()
         first_seen: dict[tuple[str, int], float] = {}
         said: set[tuple[str, int]] = set()
+        said_unseen = False
         while not starting.done():
             await asyncio.sleep(_WATCH_EVERY_S)
             waiting = _bootstrap_wait(starting)
             if waiting is None:
+                if not first_seen and not said_unseen and time.monotonic() - began >= _SAY_AFTER_S:
+                    said_unseen = True
+                    self._say_unseen_wait(time.monotonic() - began, wait_s)
                 continue
             host, port, connected = waiting
             # The first address is tried as the start begins; a later one when it is seen.
@@ -639,6 +647,20 @@ class KafkaConnection:
                 _clock(time.time() - waited + wait_s),
                 wait_s,
             )
+
+    def _say_unseen_wait(self, waited_s: float, wait_s: float) -> None:
+        """Say that a start has waited ``waited_s`` on the bootstrap list, not knowing on which
+        address: each is waited on up to ``wait_s`` in turn."""
+        addresses = max(len(_addresses(self.bootstrap_servers)), 1)
+        log.warning(
+            "waiting for Kafka at %s (KAFKA_BOOTSTRAP_SERVERS): no answer yet to the client's "
+            "start (which address it waits on is not known: this aiokafka's bootstrap could not "
+            "be looked into); waits until %s (the request timeout, ONWARD_BACKEND_TIMEOUT: %g s "
+            "per address), then gives up",
+            self.bootstrap_servers.strip(),
+            _clock(time.time() - waited_s + wait_s * addresses),
+            wait_s,
+        )
 
     async def diagnose(self) -> str | None:
         """Why this connection's settings cannot reach the brokers, or ``None`` when the

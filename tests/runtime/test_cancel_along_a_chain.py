@@ -6,12 +6,12 @@ next model call and end as if no cancel had come."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from support.fault_runs import until
 
 from onward.eventlog import Message, ToolCall
 from onward.projections.frontier import Frontier
@@ -71,16 +71,6 @@ async def backends(tmp_path: Path) -> AsyncIterator[Backends]:
         yield opened
 
 
-async def until_stopping(worker: Worker, run_id: str, within_s: float = 5.0) -> None:
-    """Until the cancel is heard here (`Worker.stopping_run`) while the tool call is in flight."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if worker.stopping(run_id):
-            return
-        await asyncio.sleep(0.005)
-    pytest.fail(f"the cancel of {run_id} was not heard within {within_s} s")
-
-
 @pytest.mark.parametrize("named", ["the_run_it_goes_on_as", "the_run_it_was_launched_for"])
 async def test_a_cancel_of_the_run_a_task_was_carried_into_stops_it_at_its_next_boundary(
     backends: Backends, named: str
@@ -102,7 +92,8 @@ async def test_a_cancel_of_the_run_a_task_was_carried_into_stops_it_at_its_next_
     cancel = asyncio.ensure_future(
         worker.handle(CancelRun(run_id=cancelled, tenant=TENANT, by="ops", why="not wanted"))
     )
-    await until_stopping(worker, cancelled)
+    # The cancel heard here (`Worker.stopping_run`) while the tool call is in flight.
+    await until(lambda: worker.stopping(cancelled), f"the cancel of {cancelled} heard", within_s=5)
     model.go.set()
     assert await asyncio.wait_for(cancel, 5)
     await asyncio.wait_for(worker.drained(), 5)

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import random
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
@@ -146,7 +147,7 @@ class OpenAICompatibleProvider(Resource):
         masked_http_logs()
         # A refused URL is named masked, as every later message names it: its password or key
         # is still in it. The driver's exception is not chained, as its text may hold it too.
-        shown = self._redactor.redact_text(masked_url(base_url))
+        shown = self._redactor.redact_text(_without_query_values(masked_url(base_url)))
         try:
             root = httpx.URL(base_url)
             # Onto the path: a query (Azure's ``?api-version=``) stays the request's query.
@@ -176,7 +177,8 @@ class OpenAICompatibleProvider(Resource):
         }
         if self._api_key is not None:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
-        self._secrets = _secret_values(self._headers, self._redactor)
+        self._secrets = _secret_values(self._headers, self._redactor, url)
+        self._shown_url = _without_query_values(masked_url(str(url)))
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient()
 
@@ -362,7 +364,9 @@ class OpenAICompatibleProvider(Resource):
         return _reply(completion)
 
     def _redact(self, text: str) -> str:
-        """``text`` with the key and secret headers' values as ``***``, other secrets masked."""
+        """``text`` with the endpoint shown as `_without_query_values`, the key, the secret
+        headers' and the URL's long query values as ``***``, other secrets masked."""
+        text = text.replace(str(self._url), self._shown_url)
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return self._redactor.redact_text(text)
@@ -586,14 +590,36 @@ def _backoff(attempt: int) -> float:
     return ceiling * (0.5 + random.random() / 2)  # noqa: S311  # jitter, not cryptography
 
 
-def _secret_values(headers: Mapping[str, str], redactor: Redactor) -> tuple[str, ...]:
-    """The values of the headers that name a secret, and the credentials after a scheme
-    (``Bearer <token>``), longest first: a server may echo either."""
+_KEY_LIKE_LENGTH = 20
+"""How long a value of the base URL's query must be to be masked wherever a server echoes it:
+keys are this long or longer, while a short value (``api-version=2024-02-01``) is also found in
+text that is no secret."""
+
+
+def _secret_values(
+    headers: Mapping[str, str], redactor: Redactor, url: httpx.URL
+) -> tuple[str, ...]:
+    """The values of the headers that name a secret, the credentials after a scheme
+    (``Bearer <token>``), the URL's password and its query values as long as a key, longest
+    first: a server may echo any of them."""
     values: set[str] = set()
     for name, value in headers.items():
         if redactor.is_secret_key(name) and value.strip():
             values.update((value.strip(), value.split(maxsplit=1)[-1]))
+    if url.password:
+        values.add(url.password)
+    values.update(v for _, v in url.params.multi_items() if len(v) >= _KEY_LIKE_LENGTH)
     return tuple(sorted(values, key=len, reverse=True))
+
+
+def _without_query_values(url: str) -> str:
+    """``url`` with every query value hidden: a gateway may take its key under any name
+    (Azure Functions' ``?code=``), which no list of secret names holds, and a failed call's
+    message naming the endpoint is recorded in the run's log."""
+    address, question, query = url.partition("?")
+    if not question:
+        return url
+    return f"{address}?{re.sub(r'=[^&#]*', '=***', query)}"
 
 
 def _text(text: str, redact: Callable[[str], str]) -> str:

@@ -806,6 +806,37 @@ async def test_a_password_in_the_base_url_is_not_logged_with_each_request(
     assert "hunter2-very-secret" not in caplog.text
 
 
+QUERY_KEY = "Zm9vYmFyLWdhdGV3YXkta2V5LTEyMzQ1Njc4OTA"
+
+
+def _echo_code(status: int) -> Answer:
+    return Answer(status=status, body={"error": {"message": f"bad code {QUERY_KEY}"}})
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [[_echo_code(401)], [_echo_code(503), _echo_code(503)], [Answer(drop=True)]],
+    ids=["401", "503", "dropped"],
+)
+async def test_a_key_in_the_base_url_query_never_appears_in_a_raised_message(
+    server: ChatServer, answers: list[Answer]
+) -> None:
+    """A gateway that takes its key as a query value the redactor has no name for (Azure
+    Functions' ``?code=``): every failure names the endpoint, and a failed model call's message
+    is recorded in the run's log for years, so the URL is shown with its query values hidden
+    and a server's echo of the key is masked too."""
+    key = QUERY_KEY
+    server.answer(*answers)
+    base_url = f"{server.base_url}?code={key}"
+    async with OpenAICompatibleProvider(base_url, max_retries=len(answers) - 1) as provider:
+        assert key not in repr(provider)
+        with pytest.raises(OnwardError) as caught:
+            await provider.complete(PLAIN_AGENT, CONVERSATION)
+    assert server.requests, "no request reached the server: nothing was checked"
+    assert key not in str(caught.value)
+    assert "code=***" in str(caught.value) or "bad code ***" in str(caught.value)
+
+
 @pytest.mark.parametrize(
     "message",
     [
@@ -847,9 +878,10 @@ async def test_a_bad_configuration_is_refused_at_construction(
         "htps://gateway:hunter2-very-secret@gw.example/v1",
         "gateway:hunter2-very-secret@gw.example/v1",
         "gw.example/v1?key=hunter2-very-secret",
+        "gw.example/v1?code=hunter2-very-secret",
         "http://gateway:hunter2-very-secret@[::1/v1",
     ],
-    ids=["bad-scheme", "no-scheme", "key-in-query", "not-a-url"],
+    ids=["bad-scheme", "no-scheme", "key-in-query", "code-in-query", "not-a-url"],
 )
 async def test_a_base_url_refused_at_construction_is_named_without_its_secret(
     base_url: str,

@@ -343,6 +343,13 @@ class Resumer:
         frontier = read.frontier
         if frontier.last_seq == 0 or _owner(read) != tenant:
             raise _no_such_run(run_id, tenant)
+        if agent is not None and not frontier.agent:
+            # No `RunStarted`: a LangGraph thread, which no agent of Onward's carries on.
+            raise RevisionMismatchError(
+                f"run {run_id!r} is a LangGraph thread: its graph carries it on (ainvoke with "
+                "its thread_id and the saver), not an Onward agent",
+                run_id=run_id,
+            )
         if agent is not None and frontier.revision != agent.revision:
             raise RevisionMismatchError(
                 f"run {run_id!r} started with agent revision {frontier.revision}, the agent "

@@ -138,8 +138,8 @@ def _resume_would(
         return f"nothing: the run is {frontier.status}{instead}"
     if lease is not None:
         return f"nothing while {lease.holder} holds the run (exit {EXIT_HELD})"
-    if frontier.status == "waiting" and frontier.waiting_on is not None:
-        return _answered_how(frontier.waiting_on, graph=not frontier.agent)
+    if (frontier.status == "waiting" and frontier.waiting_on is not None) or not frontier.agent:
+        return _answered_how(frontier)
     if plan.safe:
         return "claim the run under a new fence and carry on"
     undecided = plan.indeterminate
@@ -160,16 +160,22 @@ def _resume_would(
     return "claim the run, then " + "; then ".join(words)
 
 
-def _answered_how(request_id: str, *, graph: bool) -> str:
-    """What a run waiting on ``request_id`` needs: a person's answer, given with `onward
-    approve`; for a LangGraph thread (``graph``), a resume of the graph, which reads no answer
-    Onward records."""
-    if graph:
+def _answered_how(frontier: Frontier) -> str:
+    """What a run waiting on a person needs: their answer, given with `onward approve`; for a
+    LangGraph thread (no agent: no `RunStarted`), its graph, which reads no answer Onward
+    records and which alone carries the thread on, waiting or not."""
+    request_id = frontier.waiting_on
+    if frontier.agent:
+        return f"nothing until a person answers {request_id} (onward approve or onward deny)"
+    if frontier.status == "waiting" and request_id is not None:
         return (
             f"nothing: a LangGraph thread waiting on {request_id}; the graph is answered by "
             "resuming it with Command(resume=...), not by onward approve"
         )
-    return f"nothing until a person answers {request_id} (onward approve or onward deny)"
+    return (
+        "nothing: a LangGraph thread between invocations; its graph carries it on "
+        "(ainvoke with its thread_id), not onward run --resume"
+    )
 
 
 def tags_text(tags: Sequence[RunTag]) -> str:

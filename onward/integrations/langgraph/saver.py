@@ -1406,14 +1406,10 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 after(state)
             if all(counted):
                 await self._summarize(thread_id, held, batch, positions[-1].offset)
-            if self._checkpointer is not None and any(
+            if any(
                 isinstance(e, ApprovalRequested | ApprovalGranted | ApprovalDenied) for e in batch
             ):
-                try:
-                    await self._checkpointer.catch_up([positions[0].partition])
-                except OnwardError as exc:
-                    # The row lags; the log has the interrupt, and the next fold catches up.
-                    logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
+                await self._fold_row(thread_id, positions[0].partition)
 
     async def _pass_spent_seqs(self, thread_id: str, held: _Held, state: ThreadState) -> None:
         """Take the seqs up to ``held.spent_at`` with claims again (this holder's, under its
@@ -1779,6 +1775,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
         except BaseException as exc:
             await holder.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        # The thread's row exists from its first claim (a new thread is listed at once).
+        await self._fold_row(thread_id, position.partition)
         return _Held(holder, state, calls_unchecked=not checked)
 
     def _check_still_held(self, thread_id: str, held: _Held) -> None:
@@ -1987,11 +1985,21 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
                 error=error,
             )
             (position,) = await self._append_held(thread_id, held, state, [ended])
-            if self._checkpointer is not None:
-                try:
-                    await self._checkpointer.catch_up([position.partition])
-                except OnwardError as exc:
-                    logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
+            await self._fold_row(thread_id, position.partition)
+
+    async def _fold_row(self, thread_id: str, partition: int) -> None:
+        """With ``checkpoint_inline``, fold the thread's partition into its frontier row.
+
+        Embedded, no projector runs: a row is there (and listed by ``onward runs``, as the
+        projector's is on Kafka) only once the saver folds it. A fold that fails leaves the row
+        lagging; the log has the events, and the next fold catches up.
+        """
+        if self._checkpointer is None:
+            return
+        try:
+            await self._checkpointer.catch_up([partition])
+        except OnwardError as exc:
+            logger.warning("thread %r: frontier row not updated: %s", thread_id, exc)
 
     @property
     def _budgeted(self) -> bool:
@@ -2036,6 +2044,8 @@ class OnwardSaver(BaseCheckpointSaver[str], Resource):
             _kept(self._losses, thread_id, self._started)
         await self._settle(held)
         await held.holder.__aexit__(None, None, None)
+        # The row shows what the thread's holder wrote up to its release.
+        await self._fold_row(thread_id, partition_for(thread_id, self.log.partitions))
 
     # -- the read path ---------------------------------------------------------------------
 

@@ -207,6 +207,8 @@ _TOKEN_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
     ("sendgrid_key", _at_word_edge(r"SG\.[A-Za-z0-9_-]{16,32}\.[A-Za-z0-9_-]{16,64}")),
     ("twilio_api_key", _at_word_edge(r"SK[0-9a-f]{32}(?![A-Za-z0-9])")),
     ("npm_token", _at_word_edge(r"npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])")),
+    ("groq_key", _at_word_edge(r"gsk_[A-Za-z0-9]{40,}")),
+    ("xai_key", _at_word_edge(r"xai-[A-Za-z0-9]{40,}")),
     ("huggingface_token", _at_word_edge(r"hf_(?=[a-z0-9]*[A-Z])[A-Za-z0-9]{30,}")),
     ("jwt", _at_word_edge(r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]*")),
     *(
@@ -298,8 +300,9 @@ def _reversed_label(label: str) -> str:
     return "[_-]?".join(word[::-1] for word in reversed(label.split("_")))
 
 
-_QUERY_NAMES: Final = ("key", "apikey", "api_key", "api-key", "sig", "session")
-"""URL query parameters whose value is a secret (``?key=``, an Azure SAS's ``&sig=``)."""
+_QUERY_NAMES: Final = ("key", "apikey", "api_key", "api-key", "sig", "session", "auth")
+"""URL query parameters whose value is a secret (``?key=``, an Azure SAS's ``&sig=``,
+Firebase's ``?auth=``)."""
 
 _QUERY_NAME_ENDINGS: Final = ("token", "signature", "secret", "sessionid")
 """URL query parameters whose value is a secret, alone or after a prefix
@@ -309,7 +312,7 @@ _LABEL_SCAN: Final = re.compile(
     # Run over the reversed text: a separator is rare where a label's first letter is not, so
     # starting from the separator lets the engine skip to candidates in C.
     r"[:=>](?:(?<=>)=|(?<==):?|(?<=:))[ \t]*(?:[\"']\\?)?"
-    r"(?i:(noitazirohtua)|(eikooc)|"
+    r"(?i:(noitazirohtua)|(eikooc)|(?<==)(edoc)[?&]|"
     + "|".join(_reversed_label(label) for label in _LABELS)
     + r"|(?<==)(?:"
     + "|".join(re.escape(name[::-1]) for name in _QUERY_NAMES)
@@ -318,8 +321,8 @@ _LABEL_SCAN: Final = re.compile(
     + r")(?:[_.-][A-Za-z0-9_.-]*)?[?&])"
     r"(?![\w.-]*//:)"
 )
-"""A separator, then (reversed) a label, ``Authorization``, ``Cookie`` or a URL query
-parameter naming a secret (right after ``?`` or ``&``) before it.
+"""A separator, then (reversed) a label, ``Authorization``, ``Cookie``, a URL query
+parameter naming a secret (right after ``?`` or ``&``), or the query's ``code`` before it.
 
 A label that is the user name of a URL (``https://x-access-token:<token>@github.com``) is left
 to the URL pattern, which masks the password and keeps the host."""
@@ -340,8 +343,13 @@ _COOKIE_VALUE: Final = re.compile(
 """The cookies after ``Cookie:`` or ``Set-Cookie:``, masked to the end of the line: every
 ``name=value`` pair is a session. A value without ``=`` (``Cookie: chocolate chip``) is prose."""
 
-_HEADER_VALUES: Final = (_LABELLED_VALUE, _HEADER_VALUE, _COOKIE_VALUE)
-"""The value pattern after a label (no group), ``Authorization`` (group 1), ``Cookie`` (2)."""
+_CODE_VALUE: Final = re.compile(r"""(?=[^\s"'\\&#]{16})""" + _LABELLED_VALUE.pattern)
+"""The value of a URL's ``?code=``: an Azure Functions key or an OAuth authorization code,
+masked from 16 characters on, so an airport, a status or a promotion code stays readable."""
+
+_HEADER_VALUES: Final = (_LABELLED_VALUE, _HEADER_VALUE, _COOKIE_VALUE, _CODE_VALUE)
+"""The value pattern after a label (no group), ``Authorization`` (group 1), ``Cookie`` (2),
+a query's ``code`` (3)."""
 
 
 class _Scan:

@@ -88,6 +88,11 @@ OPENSSH_BLOCK, OPENSSH_LINES = pem_block("OPENSSH", seed=40)
 PASSWORD = fake(16, ALNUM + "!#%^*", seed=41)
 AZURE_KEY = base64.b64encode(random.Random(42).randbytes(64)).decode()
 CLIENT_SECRET = fake(40, URLSAFE, seed=43)
+GROQ = "gs" + "k_" + fake(52, seed=44)
+XAI = "xa" + "i-" + fake(80, seed=45)
+AZURE_FUNCTION_KEY = fake(54, URLSAFE, seed=46) + "%3D%3D"
+OAUTH_CODE = "4%2F0A" + fake(70, URLSAFE, seed=47)
+FIREBASE_SECRET = fake(40, seed=48)
 
 
 SECRETS = [
@@ -307,6 +312,31 @@ SECRETS = [
         [CLIENT_SECRET],
         id="api-key-in-json-inside-a-json-string",
     ),
+    pytest.param(
+        f"groq.AuthenticationError: Invalid API Key {GROQ}",
+        [GROQ],
+        id="groq-key-in-traceback",
+    ),
+    pytest.param(
+        f"xai 400: Incorrect API key provided: {XAI}. Obtain an API key from console.x.ai",
+        [XAI],
+        id="xai-key-in-error",
+    ),
+    pytest.param(
+        f"POST https://onward-fn.azurewebsites.net/api/resume?code={AZURE_FUNCTION_KEY} -> 202",
+        [AZURE_FUNCTION_KEY],
+        id="azure-function-key-in-url",
+    ),
+    pytest.param(
+        f"GET /oauth/callback?code={OAUTH_CODE}&state=af0ifjsldkj HTTP/1.1",
+        [OAUTH_CODE],
+        id="oauth-authorization-code-in-redirect",
+    ),
+    pytest.param(
+        f"https://onward-runs.firebaseio.com/runs.json?auth={FIREBASE_SECRET}&print=pretty",
+        [FIREBASE_SECRET],
+        id="firebase-auth-in-url",
+    ),
 ]
 
 
@@ -360,6 +390,12 @@ LOOK_ALIKES = [
     pytest.param("arn:aws:s3:::onward-artifacts/runs/2024", id="aws-arn"),
     pytest.param("password: ${DB_PASSWORD}", id="password-placeholder"),
     pytest.param("risk-assessment-framework-v2-final-draft-2024", id="risk-kebab-case"),
+    pytest.param("pip install xai-sdk groq && python -m xai-sdk --help", id="xai-sdk"),
+    pytest.param("gsk_ is the prefix of Groq API keys", id="gsk-in-prose"),
+    pytest.param("GET /v1/airports?code=CDG&lang=en", id="short-code-in-url"),
+    pytest.param("GET /checkout?code=SUMMER2024&cart=9", id="promo-code-in-url"),
+    pytest.param("the error code=E404 came back, auth=basic was refused", id="code-and-auth-words"),
+    pytest.param("https://example.com/login?auth=required&next=/runs", id="auth-required-in-url"),
 ]
 
 

@@ -37,6 +37,7 @@ from aiokafka.errors import (
 from onward._storage import (
     DRIVER_ERRORS,
     KafkaConnection,
+    checked_topic,
     drop_connections,
     kafka_connection,
     stop_or_drop,
@@ -127,7 +128,7 @@ class KafkaEventLog(EventLogBackend):
             bootstrap_servers, client_id=client_id, request_timeout_s=request_timeout_s
         )
         self._bootstrap = self._connection.bootstrap_servers
-        self._topic = topic
+        self._topic = checked_topic(topic)
         self._replication_factor = replication_factor
         self._create_topic = create_topic
         self._read_timeout_s = read_timeout_s

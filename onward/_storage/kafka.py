@@ -35,7 +35,7 @@ from aiokafka.conn import AIOKafkaConnection, create_conn, get_ip_port_afi
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.admin import SaslHandShakeRequest
 
-from onward.errors import ConfigurationError
+from onward.errors import ConfigurationError, InvalidInputError
 
 from .locks import _clock
 from .logs import masked_sasl_logs
@@ -790,6 +790,11 @@ def kafka_connection(
     Lets every Kafka class take either, so ``KafkaEventLog("127.0.0.1:9092")`` still works and
     a secured deployment passes `Settings.kafka_connection()` in its place.
     """
+    if not isinstance(servers, str | KafkaConnection):
+        raise InvalidInputError(
+            "bootstrap_servers must be a 'host:port[,host:port...]' string or a "
+            f"KafkaConnection, got {type(servers).__name__}"
+        )
     if isinstance(servers, KafkaConnection):
         changes: dict[str, Any] = {}
         if client_id is not None and client_id != servers.client_id:
@@ -802,6 +807,27 @@ def kafka_connection(
         client_id=client_id or "onward",
         request_timeout_s=BACKEND_TIMEOUT_S if request_timeout_s is None else request_timeout_s,
     )
+
+
+def checked_topic(topic: object, argument: str = "topic") -> str:
+    """``topic``, refused when a log is built if it is no string or empty, rather than by the
+    broker when the log is first opened. A name with characters Kafka does not take is left to
+    the broker, whose refusal (``INVALID_TOPIC``) is reported as it said it.
+
+    Raises:
+        InvalidInputError: ``topic`` is no string or is empty; the message names ``argument``.
+    """
+    if not isinstance(topic, str):
+        raise InvalidInputError(
+            f"{argument} must be a Kafka topic name (a string), got {type(topic).__name__} "
+            f"{topic!r}"
+        )
+    if not topic:
+        raise InvalidInputError(
+            f"{argument} is empty; give a Kafka topic name: 1 to 249 of letters, digits, '.', "
+            "'_' and '-'"
+        )
+    return topic
 
 
 def _addresses(bootstrap_servers: str) -> list[tuple[str, int]]:

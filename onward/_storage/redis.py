@@ -97,6 +97,10 @@ class RedisStore(Resource):
         max_connections: int = 64,
         timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
+        if not isinstance(url, str):
+            raise InvalidInputError(
+                f"url must be a 'redis://host:port/db' string, got {type(url).__name__}"
+            )
         self._url = url
         self.prefix = prefix
         self._max_connections = max_connections

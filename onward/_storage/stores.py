@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -147,6 +148,11 @@ class SqliteStore(Resource):
         sharing: SqliteStore | None = None,
         lock_timeout_s: float | None = LOCK_TIMEOUT_S,
     ) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidInputError(
+                f"path must be the database file's path (a str or a Path), got "
+                f"{type(path).__name__} {path!r}"
+            )
         self._path = Path(path)
         self._lock_timeout_s = lock_timeout_s
         self._migrate = migrate and not readonly
@@ -245,6 +251,11 @@ class PostgresStore(Resource):
         max_size: int = 10,
         timeout_s: float | None = BACKEND_TIMEOUT_S,
     ) -> None:
+        if not isinstance(dsn, str):
+            raise InvalidInputError(
+                "dsn must be a 'postgresql://user:password@host:port/database' string, got "
+                f"{type(dsn).__name__}"
+            )
         self._dsn = dsn
         self._schema = schema
         self._min_size = min_size

@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaConnectionError
 from onward._storage import KafkaConnection, kafka_connection
 from onward._storage import kafka as kafka_storage
 from onward._storage.kafka import _addresses, _kafka_answer
-from onward.errors import ConfigurationError
+from onward.errors import ConfigurationError, InvalidInputError
 from onward.eventlog import KafkaEventLog
 from onward.runtime.settings import Settings
 
@@ -232,6 +232,24 @@ async def test_a_bootstrap_string_still_makes_a_plaintext_log(pki: dict[str, str
 def test_an_empty_bootstrap_list_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="KAFKA_BOOTSTRAP_SERVERS is empty"):
         KafkaEventLog("")
+
+
+@pytest.mark.parametrize("servers", [9092, b"127.0.0.1:9092", ["127.0.0.1:9092"]])
+def test_bootstrap_servers_of_another_type_are_refused_naming_the_argument(servers: Any) -> None:
+    """A port number, bytes or a list in the place of the bootstrap string is refused when the
+    log is built, naming the argument, not with an AttributeError from deep in the checks."""
+    with pytest.raises(InvalidInputError, match=r"bootstrap_servers .* got (int|bytes|list)"):
+        KafkaEventLog(servers)
+
+
+@pytest.mark.parametrize("topic", ["", 5, None])
+def test_an_empty_topic_or_one_of_another_type_is_refused_when_the_log_is_built(
+    topic: Any,
+) -> None:
+    """An empty topic, or a value of another type, is refused by the constructor, naming the
+    argument, instead of only when the log is opened."""
+    with pytest.raises(InvalidInputError, match=r"^topic (must be|is empty)"):
+        KafkaEventLog("127.0.0.1:9092", topic=topic)
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from onward._storage import PostgresStore, Resource, SqliteStore, translated, translating
+from onward._storage.redis import RedisStore
 from onward.errors import BackendError, BackendUnavailableError, FencedError, InvalidInputError
 
 
@@ -79,6 +81,26 @@ async def test_translating_wraps_a_coroutine_function() -> None:
 
     with pytest.raises(BackendError, match="counting rows"):
         await count()
+
+
+@pytest.mark.parametrize(
+    ("build", "argument"),
+    [
+        (lambda: SqliteStore(5), "path"),  # type: ignore[arg-type]
+        (lambda: SqliteStore(None), "path"),  # type: ignore[arg-type]
+        (lambda: PostgresStore(5432), "dsn"),  # type: ignore[arg-type]
+        (lambda: PostgresStore(None), "dsn"),  # type: ignore[arg-type]
+        (lambda: RedisStore(6379), "url"),  # type: ignore[arg-type]
+        (lambda: RedisStore(None), "url"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_store_given_no_string_for_its_address_is_refused_naming_the_argument(
+    build: Callable[[], Resource], argument: str
+) -> None:
+    """A port number or ``None`` where a store's path or URL goes is refused when the store is
+    built, naming the argument, not with an AttributeError or TypeError from the driver."""
+    with pytest.raises(InvalidInputError, match=rf"^{argument} must be"):
+        build()
 
 
 async def test_a_sqlite_store_reports_a_broken_file_as_an_onward_error(tmp_path: Path) -> None:

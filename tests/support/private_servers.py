@@ -45,11 +45,14 @@ class ServerError(RuntimeError):
     """A private server did not start or stop in time; the message carries its log's tail."""
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_port(highest: int = 65535) -> int:
+    """A loopback port nobody listens on right now, at most ``highest``."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port <= highest:
+            return port
 
 
 def port_open(port: int) -> bool:
@@ -64,10 +67,21 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _wait(ready: object, what: str, log: Path, within: float = START_TIMEOUT_S) -> None:
+def _wait(
+    ready: object,
+    what: str,
+    log: Path,
+    within: float = START_TIMEOUT_S,
+    *,
+    process: _Process | None = None,
+) -> None:
+    """Wait until ``ready()``; a ``process`` that exits first ends the wait at once, with its
+    log, rather than after ``within``."""
     assert callable(ready)
     deadline = time.monotonic() + within
     while not ready():
+        if process is not None and not process.alive:
+            raise ServerError(f"{what}: exited before it was ready; log:\n{tail(log)}")
         if time.monotonic() > deadline:
             raise ServerError(f"{what}: not ready after {within:.0f}s; log:\n{tail(log)}")
         time.sleep(0.2)
@@ -357,6 +371,10 @@ class PrivatePostgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+REDIS_CLUSTER_BUS_OFFSET = 10_000
+"""How far above a cluster node's port Redis puts its cluster bus."""
+
+
 class PrivateRedis:
     """``redis-server`` without persistence: a restart, or a SIGKILL, forgets every key.
 
@@ -367,7 +385,10 @@ class PrivateRedis:
     def __init__(self, *options: str) -> None:
         self.options = options
         self.dir = Path(tempfile.mkdtemp(prefix="onward-fault-redis-"))
-        self.port = free_port()
+        # A cluster node also listens on its port + 10000 (the cluster bus), and refuses to
+        # start on a port above 55535.
+        clustered = "--cluster-enabled" in options
+        self.port = free_port(highest=65535 - REDIS_CLUSTER_BUS_OFFSET if clustered else 65535)
         self.log = self.dir / "redis.log"
         self._process = _Process()
 
@@ -384,7 +405,7 @@ class PrivateRedis:
             ],
             self.log,
         )  # fmt: skip
-        _wait(lambda: self._process.alive and port_open(self.port), "private Redis", self.log)
+        _wait(lambda: port_open(self.port), "private Redis", self.log, process=self._process)
 
     def kill(self) -> None:
         self._process.kill()

@@ -80,6 +80,7 @@ async def test_threads_are_listed_embedded(tmp_path: Path) -> None:
     assert await _listed(env) == EXPECTED
 
 
+@pytest.mark.kafka
 async def test_threads_are_listed_on_kafka(kafka_servers: KafkaServers) -> None:
     """On Kafka, once the projector folded the log, the same threads with the same statuses."""
     async with kafka_world(*kafka_servers) as world:

@@ -429,7 +429,8 @@ async def within(step: Awaitable[_T], what: str) -> _T:
         SAY_WAIT_AFTER_S,
         lambda: err.print(
             f"waiting for {what} to answer; waits until {until} ({bound:g} s: "
-            "ONWARD_BACKEND_TIMEOUT, never less than 20 s while connecting), then gives up",
+            f"ONWARD_BACKEND_TIMEOUT, never less than {CONNECT_TIMEOUT_S:g} s while connecting), "
+            "then gives up",
             soft_wrap=True,
             highlight=False,
             markup=False,

@@ -256,6 +256,11 @@ class PostgresStore(Resource):
                 "dsn must be a 'postgresql://user:password@host:port/database' string, got "
                 f"{type(dsn).__name__}"
             )
+        if not dsn.strip():
+            raise InvalidInputError(
+                "dsn is empty; give the server's 'postgresql://user:password@host:port/database' "
+                "(an empty one would fall back to the PG* environment variables and a local server)"
+            )
         self._dsn = dsn
         self._schema = schema
         self._min_size = min_size

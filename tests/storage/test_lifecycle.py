@@ -103,6 +103,15 @@ def test_a_store_given_no_string_for_its_address_is_refused_naming_the_argument(
         build()
 
 
+@pytest.mark.parametrize("dsn", ["", "  "])
+def test_a_postgres_store_given_an_empty_address_is_refused_naming_the_argument(dsn: str) -> None:
+    """An empty ``dsn`` (an unset variable read as ``""``) is refused when the store is built,
+    naming the argument, instead of libpq falling back to the ``PG*`` variables and a local
+    server, to fail there for a user nobody chose (or to reach a database nobody named)."""
+    with pytest.raises(InvalidInputError, match=r"^dsn is empty; give .*postgresql://"):
+        PostgresStore(dsn)
+
+
 async def test_a_sqlite_store_reports_a_broken_file_as_an_onward_error(tmp_path: Path) -> None:
     path = tmp_path / "broken.db"
     path.write_bytes(b"not a database" * 100)

@@ -74,7 +74,7 @@ async def open_pool(
     from .pooled_connection import PooledConnection  # noqa: PLC0415  (derives from asyncpg's)
 
     warn_unchecked_server(dsn, "DATABASE_URL")
-    with translated("connecting to PostgreSQL"), _usable_url(dsn):
+    with translated("connecting to PostgreSQL"), _usable_url(dsn), _answered(dsn, timeout_s):
         pool = await asyncpg.create_pool(
             dsn,
             min_size=min_size,
@@ -114,7 +114,7 @@ async def connected(
 
     options = _connect_options(schema, timeout_s, statements_bounded=statements_bounded)
     warn_unchecked_server(dsn, "DATABASE_URL")
-    with translated("connecting to PostgreSQL"), _usable_url(dsn):
+    with translated("connecting to PostgreSQL"), _usable_url(dsn), _answered(dsn, timeout_s):
         conn = await asyncpg.connect(dsn, **options)
     try:
         with translated("PostgreSQL"):
@@ -179,6 +179,28 @@ def _usable_url(dsn: str) -> Iterator[None]:
         if unusable is None:
             raise
         raise ConfigurationError(unusable) from exc
+
+
+ASYNCPG_CONNECT_TIMEOUT_S = 60.0
+"""How long asyncpg waits for a connection when no bound is given (its ``timeout``)."""
+
+
+@contextmanager
+def _answered(dsn: str, timeout_s: float | None) -> Iterator[None]:
+    """asyncpg gives up on a server that took the connection and never answered with a
+    `TimeoutError` that has no message ("connecting to PostgreSQL: TimeoutError: "): say which
+    server it was, without its password, how long it was waited for and what sets that."""
+    try:
+        yield
+    except TimeoutError as exc:
+        if timeout_s is None:
+            bound = f"asyncpg's default {ASYNCPG_CONNECT_TIMEOUT_S:g}s (timeout_s=None in Python)"
+        else:
+            bound = f"{timeout_s:g}s (ONWARD_BACKEND_TIMEOUT; timeout_s in Python)"
+        raise BackendUnavailableError(
+            f"PostgreSQL at {masked_url(dsn)} did not answer within {bound}; check that it is "
+            "up and reachable at that address"
+        ) from exc
 
 
 _TLS_FILES: tuple[tuple[str, str, bool], ...] = (

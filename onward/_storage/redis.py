@@ -141,14 +141,23 @@ class RedisStore(Resource):
                     f"connecting to Redis at {masked_url(self._url)}: {refused}"
                 ) from exc
             except (TimeoutError, RedisTimeoutError) as exc:
+                # The driver's timeout has no message ("connecting to Redis: TimeoutError: "):
+                # say which server, for how long and what sets it. Still unavailable (a server
+                # that hangs times out too), but "retry once it is reachable" alone misleads
+                # when the port takes no TLS: no retry changes that.
+                not_answered = (
+                    f"Redis at {masked_url(self._url)} did not answer within "
+                    f"{self._timeout_s:g}s (ONWARD_BACKEND_TIMEOUT; timeout_s in Python)"
+                    if self._timeout_s is not None
+                    else str(translate(exc, context="connecting to Redis"))
+                )
                 if not self._url.startswith("rediss://"):
-                    raise
-                # Still unavailable (a server that hangs times out too), but "retry once it is
-                # reachable" alone misleads when the port takes no TLS: no retry changes that.
+                    raise BackendUnavailableError(
+                        f"{not_answered}; check that it is up and reachable at that address"
+                    ) from exc
                 raise BackendUnavailableError(
-                    f"{translate(exc, context='connecting to Redis')}; a port that takes no "
-                    "TLS never answers the TLS handshake of rediss:// either: if the server "
-                    "takes none, use redis:// in REDIS_URL"
+                    f"{not_answered}; a port that takes no TLS never answers the TLS handshake "
+                    "of rediss:// either: if the server takes none, use redis:// in REDIS_URL"
                 ) from exc
 
     def _started(self, client: aioredis.Redis) -> None:

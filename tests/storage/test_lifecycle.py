@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -121,6 +122,54 @@ async def test_a_sqlite_store_reports_a_broken_file_as_an_onward_error(tmp_path:
     assert not store.is_open
     await store.close()
     await store.close()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers, like a server that hangs."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server.getsockname()[1]
+
+
+async def test_a_postgres_store_whose_server_never_answers_names_it_and_the_bound(
+    silent_port: int,
+) -> None:
+    """A PostgreSQL that takes the connection and never answers failed with
+    "connecting to PostgreSQL: TimeoutError: " (asyncpg's timeout has no message): the error
+    names the server's address, without its password, the bound it waited and the setting
+    that sets it."""
+    dsn = f"postgresql://onward:pg-secret-7d1c@127.0.0.1:{silent_port}/onward"
+    store = PostgresStore(dsn, timeout_s=0.5)
+    with pytest.raises(BackendUnavailableError) as caught:
+        await store.start()
+    message = str(caught.value)
+    assert (
+        f"PostgreSQL at postgresql://onward:***@127.0.0.1:{silent_port}/onward did not answer "
+        "within 0.5s (ONWARD_BACKEND_TIMEOUT; timeout_s in Python)"
+    ) in message, message
+    assert "pg-secret-7d1c" not in message
+    assert caught.value.retryable
+    assert not store.is_open
+
+
+async def test_a_redis_store_whose_server_never_answers_names_it_and_the_bound(
+    silent_port: int,
+) -> None:
+    """A Redis that takes the connection and never answers failed with "connecting to Redis:
+    TimeoutError: ", as PostgreSQL did: the error names its address, without the password, the
+    bound and the setting."""
+    store = RedisStore(f"redis://:redis-secret-4b2e@127.0.0.1:{silent_port}/0", timeout_s=0.5)
+    with pytest.raises(BackendUnavailableError) as caught:
+        await store.start()
+    message = str(caught.value)
+    assert (
+        f"Redis at redis://:***@127.0.0.1:{silent_port}/0 did not answer within 0.5s "
+        "(ONWARD_BACKEND_TIMEOUT; timeout_s in Python)"
+    ) in message, message
+    assert "redis-secret-4b2e" not in message
+    assert caught.value.retryable
 
 
 async def test_a_postgres_store_that_cannot_connect_is_retryable_and_leaves_nothing_open() -> None:

@@ -78,6 +78,11 @@ CONNECT_TIMEOUT_S = 20.0
 """How long opening the stores may take, at least, before a command gives up on a server that
 is silent; an ``ONWARD_BACKEND_TIMEOUT`` above it is waited instead (`connect_timeout_s`)."""
 
+CONNECT_GRACE_S = 2.0
+"""How much longer than ``ONWARD_BACKEND_TIMEOUT`` opening the stores may take: a silent store
+then gives up on its own bound first and names its server and address, where a bound firing at
+the same moment would have said only "one of Kafka, PostgreSQL and Redis did not answer"."""
+
 SAY_WAIT_AFTER_S = 5.0
 """How long opening a store waits for it before saying so: a server that takes the connection
 and never answers would otherwise keep a command silent until the whole bound has passed."""
@@ -385,16 +390,16 @@ def stopped_before_the_loop(said: str) -> Iterator[None]:
 
 def connect_timeout_s() -> float:
     """How long opening the stores may take: `CONNECT_TIMEOUT_S`, or the configured backend
-    timeout when that is longer (a slow network given a minute is not cut off at twenty
-    seconds); the settings are checked before any store is opened, so reading them here cannot
-    fail on a bad value first."""
+    timeout and `CONNECT_GRACE_S` when that is longer (a slow network given a minute is not cut
+    off at twenty seconds); the settings are checked before any store is opened, so reading
+    them here cannot fail on a bad value first."""
     from onward.runtime.settings import load_settings  # noqa: PLC0415 - see TYPE_CHECKING
 
     try:
         configured = load_settings().backend_timeout
     except ConfigurationError:
         configured = 0.0
-    return max(CONNECT_TIMEOUT_S, configured)
+    return max(CONNECT_TIMEOUT_S, configured + CONNECT_GRACE_S)
 
 
 def frontier_server(config: Settings) -> str:
@@ -429,7 +434,8 @@ async def within(step: Awaitable[_T], what: str) -> _T:
         SAY_WAIT_AFTER_S,
         lambda: err.print(
             f"waiting for {what} to answer; waits until {until} ({bound:g} s: "
-            f"ONWARD_BACKEND_TIMEOUT, never less than {CONNECT_TIMEOUT_S:g} s while connecting), "
+            f"ONWARD_BACKEND_TIMEOUT and {CONNECT_GRACE_S:g} s more, never less than "
+            f"{CONNECT_TIMEOUT_S:g} s while connecting), "
             "then gives up",
             soft_wrap=True,
             highlight=False,

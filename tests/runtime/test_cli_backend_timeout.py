@@ -274,13 +274,31 @@ def test_a_silent_server_is_given_up_on_within_the_backend_timeout(
     assert bound < 20, f"Python alone took {start_s:.1f}s to start: too loaded to tell"
 
 
-@pytest.mark.parametrize(("configured", "waited"), [("5", 20.0), ("45", 45.0)])
+@pytest.mark.parametrize(("configured", "waited"), [("5", 20.0), ("45", 47.0)])
 def test_opening_the_stores_waits_the_configured_timeout_when_it_is_the_longer(
     configured: str, waited: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A slow network given ONWARD_BACKEND_TIMEOUT=45 must not be cut off by the 20 s floor.
+    # A slow network given ONWARD_BACKEND_TIMEOUT=45 must not be cut off by the 20 s floor
+    # (and the stores' own bound fires `_common.CONNECT_GRACE_S` before the command's).
     monkeypatch.setenv("ONWARD_BACKEND_TIMEOUT", configured)
     assert _common.connect_timeout_s() == waited
+
+
+def test_a_silent_store_at_the_default_bounds_is_named_by_the_store_not_the_connect_bound(
+    deployment: Deployment, silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the default settings the connect bound and ``ONWARD_BACKEND_TIMEOUT`` are both 30 s,
+    so which fired first decided the line: "one of Kafka, PostgreSQL and Redis did not answer"
+    or the store's own. The connect bound gives the stores `_common.CONNECT_GRACE_S` more, so
+    the store that did not answer always says so itself, with its address (here both at 1 s)."""
+    monkeypatch.setattr(_common, "CONNECT_TIMEOUT_S", float(TIMEOUT_S))
+    result = CliRunner().invoke(app, ["inspect", *RUN], env=deployment.env("postgres", silent_port))
+    assert result.exit_code == 5, result.output
+    assert (
+        f"PostgreSQL at postgresql://{urlsplit(deployment.database_url).username}:***@127.0.0.1:"
+        f"{silent_port}/"
+    ) in result.stderr, result.stderr
+    assert f"did not answer within {TIMEOUT_S}s (ONWARD_BACKEND_TIMEOUT" in result.stderr
 
 
 @pytest.mark.parametrize("command", [["runs"], ["quarantine", "list"]])

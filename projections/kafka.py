@@ -28,7 +28,13 @@ from aiokafka.errors import (
     OffsetOutOfRangeError,
 )
 
-from onward._storage import KafkaConnection, kafka_connection, stop_or_drop, translate
+from onward._storage import (
+    KafkaConnection,
+    checked_topic,
+    kafka_connection,
+    stop_or_drop,
+    translate,
+)
 from onward.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -180,7 +186,7 @@ class KafkaProjector(Generic[SinkT]):
                 f"caught_up_store_s must not be negative, got {caught_up_store_s}"
             )
         self.projection = projection
-        self.topic = topic
+        self.topic = checked_topic(topic)
         self._connection = kafka_connection(bootstrap_servers)
         self._partitions = partitions
         self._group_id = group_id

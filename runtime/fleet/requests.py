@@ -342,9 +342,9 @@ class Requests(Resource):
         signer: RequestSigner | None = None,
         redactor: Redactor | None = None,
     ) -> None:
-        from onward._storage import kafka_connection  # noqa: PLC0415  (loads aiokafka)
+        from onward._storage import checked_topic, kafka_connection  # noqa: PLC0415  (loads aiokafka)
 
-        self.topic = topic
+        self.topic = checked_topic(topic)
         self.partitions = partitions
         self.signer = signer
         self._redactor = redactor or Redactor()

@@ -21,7 +21,10 @@ from onward._storage import KafkaConnection, kafka_connection
 from onward._storage import kafka as kafka_storage
 from onward._storage.kafka import _addresses, _kafka_answer
 from onward.errors import ConfigurationError, InvalidInputError
-from onward.eventlog import KafkaEventLog
+from onward.eventlog import KafkaEventLog, MemoryEventLog
+from onward.projections import FrontierProjection, MemoryFrontierStore
+from onward.projections.kafka import KafkaProjector
+from onward.runtime.fleet.requests import Requests
 from onward.runtime.settings import Settings
 
 SASL_PASSWORD = "sasl-secret-1f3a"
@@ -250,6 +253,23 @@ def test_an_empty_topic_or_one_of_another_type_is_refused_when_the_log_is_built(
     argument, instead of only when the log is opened."""
     with pytest.raises(InvalidInputError, match=r"^topic (must be|is empty)"):
         KafkaEventLog("127.0.0.1:9092", topic=topic)
+
+
+@pytest.mark.parametrize("topic", ["", 9092, None])
+def test_a_projector_or_requests_with_an_empty_topic_or_another_type_is_refused_when_built(
+    topic: Any,
+) -> None:
+    """`KafkaProjector` and `Requests` refuse an empty topic, or a port number in its place, in
+    their constructors naming the argument, as `KafkaEventLog` does, instead of failing late
+    when the consumer subscribes or the first request is sent."""
+    with pytest.raises(InvalidInputError, match=r"^topic (must be|is empty)"):
+        KafkaProjector(
+            "127.0.0.1:9092",
+            FrontierProjection(MemoryFrontierStore(), MemoryEventLog()),
+            topic=topic,
+        )
+    with pytest.raises(InvalidInputError, match=r"^topic (must be|is empty)"):
+        Requests("127.0.0.1:9092", topic, partitions=1)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -94,7 +94,8 @@ class Agent:
                 )
 
     def _check_tools(self) -> None:
-        """Refuse ``tools`` that are not a sequence of `Tool` when the agent is made, naming
+        """Refuse ``tools`` that are not tools in an order (a list, a tuple, a dict's values, a
+        generator: any iterable but a dict or a string) when the agent is made, naming
         what was given: one tool not in a list, or a function without ``@tool``, would
         otherwise fail on an attribute deep in the revision or the run. A toolset (an MCP
         server's) is sent to ``toolsets``: no decorator makes it a tool."""
@@ -109,10 +110,20 @@ class Agent:
                 f"agent {self.name!r}: tools must be a list of tools, got a toolset "
                 f"({type(tools).__name__}): {_AS_TOOLSET}"
             )
-        if not isinstance(tools, Sequence) or isinstance(tools, str):
+        if isinstance(tools, Mapping):
+            raise ConfigurationError(
+                f"agent {self.name!r}: tools must be a list of tools, got a "
+                f"{type(tools).__name__}: give its values, tools=list(tools_by_name.values())"
+            )
+        if not isinstance(tools, Iterable) or isinstance(tools, str | bytes):
             raise ConfigurationError(
                 f"agent {self.name!r}: tools must be a list of tools, got {type(tools).__name__}"
             )
+        if not isinstance(tools, Sequence):
+            # ``registry.values()`` or a generator: their order is settled, and a generator
+            # can be read only once, so they are kept as a tuple.
+            tools = tuple(tools)
+            object.__setattr__(self, "tools", tools)
         for index, candidate in enumerate(tools):
             if isinstance(candidate, Tool):
                 continue

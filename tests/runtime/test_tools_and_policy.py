@@ -191,6 +191,28 @@ def test_an_agent_refuses_tools_that_are_not_a_list_of_tools(tools: Any, refusal
         Agent(name="a", instructions="", tools=tools)
 
 
+def test_an_agent_takes_its_tools_from_any_ordered_iterable() -> None:
+    """``tools=registry.values()`` or a generator was refused ("got dict_values"), though the
+    tools are there in a settled order: they are taken as a tuple, with the revision of the
+    same tools in a list."""
+    listed = Agent(name="a", instructions="", tools=[search, book])
+    registry = {"search": search, "book": book}
+    for given in (registry.values(), (t for t in (search, book)), (search, book)):
+        agent = Agent(name="a", instructions="", tools=given)  # type: ignore[arg-type]
+        assert agent.tools == (search, book)
+        assert agent.revision == listed.revision
+
+
+def test_an_agent_given_a_dict_of_tools_is_told_to_give_its_values() -> None:
+    """A dict of names to tools was refused as "tools[0] is a str" (its keys): the refusal
+    names the dict and says to give its values."""
+    with pytest.raises(
+        ConfigurationError, match=r"^agent 'a': tools must be a list of tools, got a dict: give"
+    ) as refused:
+        Agent(name="a", instructions="", tools={"search": search})  # type: ignore[arg-type]
+    assert "tools=list(tools_by_name.values())" in str(refused.value)
+
+
 # Every policy also folds the run's start and its end, whatever it names: a row from the start
 # lets a worker find a run that died before its first boundary.
 @pytest.mark.parametrize(

@@ -331,16 +331,22 @@ async def test_a_bootstrap_name_that_does_not_resolve_is_said_so() -> None:
 
 
 async def _said_starting_against_a_silent_server(
-    caplog: pytest.LogCaptureFixture, timeout_s: float
+    caplog: pytest.LogCaptureFixture, timeout_s: float, *, queue_full: bool = False
 ) -> tuple[str, float]:
     """Start a client against an address that takes the connection and never answers, until
     the start fails; the one line said about it within 4 s, and the second the
     start failed. The line must say until when (the start's second plus ``timeout_s``, to the
-    second the clock shows) and which setting bounds it."""
-    with socket.socket() as silent:
+    second the clock shows) and which setting bounds it.
+
+    ``queue_full``: the listener's queue of connections not yet accepted is full (one already
+    waits there, and it never accepts), so Linux drops the client's SYN and its TCP connect
+    itself hangs, as at an address whose firewall drops packets."""
+    with socket.socket() as silent, socket.socket() as queued:
         silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
+        silent.listen(0 if queue_full else 8)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
+        if queue_full:
+            queued.connect(silent.getsockname())
         connection = KafkaConnection(address, request_timeout_s=timeout_s)
         began = time.time()
         with caplog.at_level(logging.WARNING, "onward"), pytest.raises(KafkaConnectionError):
@@ -368,6 +374,20 @@ async def test_a_bootstrap_without_an_answer_says_early_what_it_waits_on_and_unt
     message, failed_after_s = await _said_starting_against_a_silent_server(caplog, timeout_s)
     assert failed_after_s >= timeout_s - 0.5
     assert "connected, no answer yet to its first Kafka request" in message
+
+
+async def test_a_bootstrap_whose_connect_hangs_says_the_connection_is_not_yet_taken(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An address where the TCP connect itself hangs (a full accept queue here; a firewall
+    that drops packets in a deployment) is told apart from one connected and silent: the line
+    says the connection is not yet taken, and the start still fails at the timeout."""
+    timeout_s = 4
+    message, failed_after_s = await _said_starting_against_a_silent_server(
+        caplog, timeout_s, queue_full=True
+    )
+    assert failed_after_s >= timeout_s - 0.5
+    assert "the connection is not yet taken" in message, message
 
 
 async def test_a_bootstrap_wait_is_said_even_when_aiokafka_hides_the_address(

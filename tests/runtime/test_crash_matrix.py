@@ -13,12 +13,14 @@ import asyncio
 import json
 import signal
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from support.crash_world import TENANT, open_world, the_agent, the_runner, until_lapsed
-from support.processes import reaped, spawn_support
+from support.processes import Spares, reaped, spawn_support
 
 from onward.errors import IndeterminateToolCallError
 from onward.eventlog import kind_of
@@ -43,8 +45,25 @@ MATRIX: list[tuple[str, str | None, str, str, int]] = [
 IDS = [f"{p}-{v}" for p, _, v, _, _ in MATRIX]
 
 
+@pytest_asyncio.fixture(scope="module")
+async def warm() -> AsyncIterator[Spares]:
+    """Crash children started one case ahead (each case still has a process of its own)."""
+    children = Spares(
+        lambda: spawn_support(
+            "crash_child", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+    )
+    try:
+        yield children
+    finally:
+        await children.close()
+
+
 async def crash_then_resume(
-    tmp_path: Path, backend: dict[str, str], case: tuple[str, str | None, str, str, int]
+    tmp_path: Path,
+    warm: Spares,
+    backend: dict[str, str],
+    case: tuple[str, str | None, str, str, int],
 ) -> None:
     point, call_id, variant, expected, bookings = case
     config: dict[str, Any] = {
@@ -56,9 +75,7 @@ async def crash_then_resume(
         "variant": variant,
     }
     async with reaped() as children:
-        child = await spawn_support(
-            "crash_child", json.dumps(config), stdout=asyncio.subprocess.PIPE
-        )
+        child = await warm.take(json.dumps(config))
         children.append(child)
         if point == "waiting on approval":
             assert child.stdout is not None
@@ -96,24 +113,29 @@ async def crash_then_resume(
 
 @pytest.mark.parametrize("case", MATRIX, ids=IDS)
 async def test_crash_matrix_on_sqlite(
-    tmp_path: Path, case: tuple[str, str | None, str, str, int]
+    tmp_path: Path, warm: Spares, case: tuple[str, str | None, str, str, int]
 ) -> None:
     backend = {"backend": "sqlite", "db": str(tmp_path / "onward.db")}
-    await crash_then_resume(tmp_path, backend, case)
+    await crash_then_resume(tmp_path, warm, backend, case)
 
 
 @pytest.mark.parametrize("case", MATRIX, ids=IDS)
 async def test_crash_matrix_on_postgres(
-    tmp_path: Path, database_url: str, pg_schema: str, case: tuple[str, str | None, str, str, int]
+    tmp_path: Path,
+    warm: Spares,
+    database_url: str,
+    pg_schema: str,
+    case: tuple[str, str | None, str, str, int],
 ) -> None:
     backend = {"backend": "postgres", "database_url": database_url, "schema": pg_schema}
-    await crash_then_resume(tmp_path, backend, case)
+    await crash_then_resume(tmp_path, warm, backend, case)
 
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("case", MATRIX, ids=IDS)
 async def test_crash_matrix_on_kafka_and_postgres(
     tmp_path: Path,
+    warm: Spares,
     kafka_bootstrap: str,
     kafka_topic: str,
     database_url: str,
@@ -127,4 +149,4 @@ async def test_crash_matrix_on_kafka_and_postgres(
         "database_url": database_url,
         "schema": pg_schema,
     }
-    await crash_then_resume(tmp_path, backend, case)
+    await crash_then_resume(tmp_path, warm, backend, case)

@@ -1,6 +1,8 @@
 """Runs one agent run and kills itself with SIGKILL at a chosen point.
 
-Usage: PYTHONPATH=tests python -m support.crash_child CONFIG_JSON
+Usage: PYTHONPATH=tests python -m support.crash_child [CONFIG_JSON]
+Without an argument it reads CONFIG_JSON as one line on stdin, once its imports are done: a test
+can start it ahead of the case that will use it.
 CONFIG: {"backend": "sqlite"|"kafka", "db": path, "bootstrap": ..., "topic": ...,
          "database_url": ..., "schema": ..., "run_id": ..., "point": ..., "call_id": ...,
          "variant": "plain"|"reconcile"|"retry_safe"|"approval", "ledger": path}
@@ -54,4 +56,4 @@ async def main(config: dict[str, str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(json.loads(sys.argv[1])))
+    asyncio.run(main(json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.readline())))

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,32 @@ async def spawn_support(module: str, *args: str, **options: Any) -> asyncio.subp
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", f"support.{module}", *args, env=env, **options
     )
+
+
+class Spares:
+    """Children started one use ahead: the next one imports what it needs while the current one
+    is used, so a test waits for no Python to start. Each child is used once, and ran nothing
+    before it was given its one line on stdin (what it is to do)."""
+
+    def __init__(self, start: Callable[[], Awaitable[asyncio.subprocess.Process]]) -> None:
+        self._start = start  # a child with stdin piped, waiting for its line
+        self.spare: asyncio.subprocess.Process | None = None
+
+    async def take(self, line: str) -> asyncio.subprocess.Process:
+        """A child given ``line``; the next one starts now."""
+        child = self.spare or await self._start()
+        self.spare = await self._start()
+        assert child.stdin is not None
+        child.stdin.write(line.encode() + b"\n")
+        await child.stdin.drain()
+        child.stdin.close()
+        return child
+
+    async def close(self) -> None:
+        """Kill the spare nobody took, or it would outlive the tests."""
+        if self.spare is not None:
+            await kill_running([self.spare])
+            self.spare = None
 
 
 async def spawn_onward(log: Path, env: dict[str, str], *argv: str) -> asyncio.subprocess.Process:

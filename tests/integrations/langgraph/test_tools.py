@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.errors import ParentCommand
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
+from support.processes import Spares
 from support.servers import KafkaServers
 
 from onward.errors import BackendUnavailableError, ResumeConflictError, RunCancelledError
@@ -862,22 +864,32 @@ async def test_a_retry_answered_once_does_not_send_the_call_again_when_that_atte
 # -- killed processes -------------------------------------------------------------------------
 
 
+@pytest_asyncio.fixture(scope="module")
+async def children() -> AsyncIterator[Spares]:
+    """``tool_child`` processes started one kill ahead: the next imports LangGraph while this
+    one runs and the test waits out its lease (each kill still has a process of its own)."""
+    spares = Spares(
+        lambda: asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "integrations.langgraph.tool_child",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(TESTS)},
+        )
+    )
+    try:
+        yield spares
+    finally:
+        await spares.close()
+
+
 async def _killed(
-    spec: dict[str, str], thread_id: str, kind: GraphKind, ledger: Path, at: str
+    children: Spares, spec: dict[str, str], thread_id: str, kind: GraphKind, ledger: Path, at: str
 ) -> None:
     """Run the graph in a child process and SIGKILL it where it stops itself (``at``)."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "integrations.langgraph.tool_child",
-        json.dumps(spec),
-        thread_id,
-        kind,
-        str(ledger),
-        at,
-        str(TTL_S),
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    child = await children.take(
+        json.dumps([json.dumps(spec), thread_id, kind, str(ledger), at, str(TTL_S)])
     )
     try:
         assert child.stdout is not None
@@ -904,12 +916,12 @@ async def _take_over(saver: OnwardSaver, thread_id: str) -> None:
 
 @asynccontextmanager
 async def _resumed(
-    world: World, spec: dict[str, str], kind: GraphKind, ledger: Path, at: str
+    children: Spares, world: World, spec: dict[str, str], kind: GraphKind, ledger: Path, at: str
 ) -> AsyncIterator[tuple[CompiledStateGraph[Any], RunnableConfig]]:
     """Kill a process running the graph at ``at`` (one booking made), then hold its thread here
     and yield the graph and the thread's config to resume it with."""
     thread_id = f"t-{uuid.uuid4().hex[:8]}"
-    await _killed(spec, thread_id, kind, ledger, at)
+    await _killed(children, spec, thread_id, kind, ledger, at)
     assert ledger_lines(ledger) == [FLIGHT]
     async with world.saver(holder="resumer") as saver:
         await _take_over(saver, thread_id)
@@ -918,9 +930,10 @@ async def _resumed(
 
 
 async def _killed_after_the_effect(
-    world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
+    children: Spares, world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
 ) -> None:
-    async with _resumed(world, spec, kind, tmp / f"ledger-{kind}-effect", "effect") as (run, cfg):
+    ledger = tmp / f"ledger-{kind}-effect"
+    async with _resumed(children, world, spec, kind, ledger, "effect") as (run, cfg):
         await run.ainvoke(None, cfg)
         (asked,) = (await run.aget_state(cfg)).interrupts
         assert (asked.value["kind"], asked.value["tool_call_id"]) == (QUESTION, CALL_ID)
@@ -934,9 +947,10 @@ async def _killed_after_the_effect(
 
 
 async def _killed_after_the_outcome(
-    world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
+    children: Spares, world: World, spec: dict[str, str], kind: GraphKind, tmp: Path
 ) -> None:
-    async with _resumed(world, spec, kind, tmp / f"ledger-{kind}-outcome", "outcome") as (run, cfg):
+    ledger = tmp / f"ledger-{kind}-outcome"
+    async with _resumed(children, world, spec, kind, ledger, "outcome") as (run, cfg):
         out = await run.ainvoke(None, cfg)
         assert (await run.aget_state(cfg)).interrupts == ()
     assert _tool_messages(out) == [("success", f"booked {FLIGHT}")]  # as recorded
@@ -948,22 +962,22 @@ async def _killed_after_the_outcome(
 
 
 @pytest.mark.slow
-async def test_killed_mid_tool_on_sqlite(tmp_path: Path, kind: GraphKind) -> None:
+async def test_killed_mid_tool_on_sqlite(tmp_path: Path, kind: GraphKind, children: Spares) -> None:
     path = tmp_path / "onward.db"
     async with sqlite_world(path) as world:
-        await _killed_after_the_effect(world, sqlite_spec(path), kind, tmp_path)
-        await _killed_after_the_outcome(world, sqlite_spec(path), kind, tmp_path)
+        await _killed_after_the_effect(children, world, sqlite_spec(path), kind, tmp_path)
+        await _killed_after_the_outcome(children, world, sqlite_spec(path), kind, tmp_path)
 
 
 @pytest.mark.kafka
 @pytest.mark.slow
 async def test_killed_mid_tool_on_kafka_postgres_redis(
-    tmp_path: Path, kind: GraphKind, kafka_servers: KafkaServers
+    tmp_path: Path, kind: GraphKind, kafka_servers: KafkaServers, children: Spares
 ) -> None:
     servers = kafka_servers
     async with kafka_world(*servers) as world:
-        await _killed_after_the_effect(world, kafka_spec(*servers), kind, tmp_path)
-        await _killed_after_the_outcome(world, kafka_spec(*servers), kind, tmp_path)
+        await _killed_after_the_effect(children, world, kafka_spec(*servers), kind, tmp_path)
+        await _killed_after_the_outcome(children, world, kafka_spec(*servers), kind, tmp_path)
 
 
 # -- the recorded key -------------------------------------------------------------------------
@@ -1000,6 +1014,7 @@ def _key_reporting_tool(ledger: Path, keys: list[str | None]) -> BaseTool:
 
 
 async def _retry_safe_call_dispatched_again_after_a_kill(
+    children: Spares,
     world: World,
     spec: dict[str, str],
     kind: GraphKind,
@@ -1008,7 +1023,7 @@ async def _retry_safe_call_dispatched_again_after_a_kill(
 ) -> None:
     ledger = tmp / f"ledger-{kind}-key"
     thread_id = f"t-{uuid.uuid4().hex[:8]}"
-    await _killed(spec, thread_id, kind, ledger, "effect")
+    await _killed(children, spec, thread_id, kind, ledger, "effect")
     recorded = idempotency_key(thread_id, CALL_ID)
     assert await _dispatched_keys(world, thread_id) == [(CALL_ID, recorded)]
     monkeypatch.setattr(middleware, "idempotency_key", _new_derivation)
@@ -1031,12 +1046,12 @@ async def _retry_safe_call_dispatched_again_after_a_kill(
 
 @pytest.mark.slow
 async def test_a_retry_safe_call_run_again_after_a_kill_sends_its_recorded_key_on_sqlite(
-    tmp_path: Path, kind: GraphKind, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, kind: GraphKind, monkeypatch: pytest.MonkeyPatch, children: Spares
 ) -> None:
     path = tmp_path / "onward.db"
     async with sqlite_world(path) as world:
         await _retry_safe_call_dispatched_again_after_a_kill(
-            world, sqlite_spec(path), kind, tmp_path, monkeypatch
+            children, world, sqlite_spec(path), kind, tmp_path, monkeypatch
         )
 
 
@@ -1047,10 +1062,11 @@ async def test_a_retry_safe_call_run_again_after_a_kill_sends_its_recorded_key_o
     kind: GraphKind,
     kafka_servers: KafkaServers,
     monkeypatch: pytest.MonkeyPatch,
+    children: Spares,
 ) -> None:
     async with kafka_world(*kafka_servers) as world:
         await _retry_safe_call_dispatched_again_after_a_kill(
-            world, kafka_spec(*kafka_servers), kind, tmp_path, monkeypatch
+            children, world, kafka_spec(*kafka_servers), kind, tmp_path, monkeypatch
         )
 
 

@@ -5,7 +5,9 @@ runs the ``KIND`` graph (``agent`` or ``toolnode``) of `agents` once on the thre
 asks for ``book``; the tool appends to ``LEDGER``. With ``STOP_AT`` ``effect`` the process
 prints ``effect`` and stops itself (SIGSTOP) right after the side effect, before its outcome is
 recorded; with ``outcome``, right after the outcome is recorded, before LangGraph saves the
-task's result. The test SIGKILLs it there. The thread's lease has the given ttl.
+task's result. The test SIGKILLs it there. The thread's lease has the given ttl. Without
+arguments it reads them as one JSON list on stdin, once its imports are done: a test can start
+it ahead of the kill that will use it.
 """
 
 from __future__ import annotations
@@ -54,13 +56,5 @@ async def main(
 
 
 if __name__ == "__main__":
-    asyncio.run(
-        main(
-            sys.argv[1],
-            sys.argv[2],
-            sys.argv[3],
-            Path(sys.argv[4]),
-            sys.argv[5],
-            float(sys.argv[6]),
-        )
-    )
+    args: list[str] = sys.argv[1:] or json.loads(sys.stdin.readline())
+    asyncio.run(main(args[0], args[1], args[2], Path(args[3]), args[4], float(args[5])))

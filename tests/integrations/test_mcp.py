@@ -88,13 +88,18 @@ def http_server(tmp_path: Path) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        for _ in range(200):
+        # A failure bound, within the test's 60 s: on a loaded machine the server's imports
+        # alone took over 20 s, past the 200 tries after which this went on unheard.
+        deadline = time.monotonic() + 40
+        while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
                 break
             except OSError:
                 if process.poll() is not None:
                     pytest.fail(f"the HTTP MCP server exited with {process.returncode}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the HTTP MCP server was not listening on {port} within 40s")
                 subprocess.run(["sleep", "0.05"], check=True)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
@@ -204,9 +209,11 @@ async def test_a_command_that_does_not_exist_is_a_named_error() -> None:
 
 
 async def test_a_server_that_exits_at_start_is_a_named_error(tmp_path: Path) -> None:
+    """Its exit, not a timeout: with a 5 s bound, a loaded machine (the server's imports took
+    over 20 s) passed this test on the timeout's message."""
     server = stdio_server(tmp_path, name="crashy", crash=True)
-    with pytest.raises(BackendUnavailableError, match="MCP server 'crashy'"):
-        await MCPToolset.open([server], connect_timeout=5)
+    with pytest.raises(BackendUnavailableError, match=r"MCP server 'crashy'.*: connecting failed"):
+        await MCPToolset.open([server], connect_timeout=45)
 
 
 async def test_a_server_that_never_answers_is_a_named_timeout() -> None:
@@ -222,23 +229,33 @@ async def test_a_handshake_failing_as_its_caller_is_cancelled_leaves_no_unread_e
 ) -> None:
     """The caller waiting for a session is cancelled (its own timeout) just as the server's
     handshake fails: the failure is nobody's to report, and asyncio must not log it as an
-    error nobody read, with a traceback of a connection the caller gave up on."""
+    error nobody read, with a traceback of a connection the caller gave up on. The server exits
+    before importing anything (the test server's imports took over 20 s on a loaded machine),
+    and the connect limit is only a failure bound: the handshake must fail, not time out."""
     loop = asyncio.get_running_loop()
     unread: list[str] = []
     handler = loop.get_exception_handler()
     loop.set_exception_handler(lambda _, context: unread.append(str(context.get("message"))))
-    connection = Connection(stdio_server(tmp_path, name="crashy", crash=True), connect_timeout=5)
+    crashy = StdioServer(
+        name="crashy", command=sys.executable, args=("-c", "import sys; sys.exit('on purpose')")
+    )
+    connection = Connection(crashy, connect_timeout=30)
     try:
         opening = asyncio.create_task(connection.session())
-        # Turn by turn, to cancel the caller in the turn the handshake failed in.
-        while (ready := connection._here().ready) is None or not ready.done():  # noqa: ASYNC110
+        # Turn by turn, to cancel the caller in the turn the handshake failed in. A caller
+        # that ended first (its limit passed) leaves a handshake that never ends: not waited on.
+        while not opening.done() and (  # noqa: ASYNC110
+            (ready := connection._here().ready) is None or not ready.done()
+        ):
             await asyncio.sleep(0)
+        if opening.done():
+            pytest.fail(f"the caller ended before the handshake failed: {opening.exception()!r}")
         opening.cancel()  # before it takes the failure
         with pytest.raises(asyncio.CancelledError):
             await opening
         with pytest.raises(BackendUnavailableError, match="'crashy'"):
             await connection.session()  # a new handshake, in place of the failed one
-        del opening
+        del opening, ready  # the test must not keep the failed handshake alive past its check
         gc.collect()
         await asyncio.sleep(0)
     finally:
@@ -250,7 +267,7 @@ async def test_a_handshake_failing_as_its_caller_is_cancelled_leaves_no_unread_e
 async def test_a_server_that_dies_mid_call_is_a_named_error_then_restarted(
     tmp_path: Path,
 ) -> None:
-    async with MCPToolset([stdio_server(tmp_path)], connect_timeout=5) as toolset:
+    async with MCPToolset([stdio_server(tmp_path)], connect_timeout=30) as toolset:
         tools = {t.name: t for t in toolset.tools}
         with pytest.raises(BackendUnavailableError, match=r"MCP server 'ledger'.*'die'"):
             await tools["die"].call({}, idempotency_key="k1")
@@ -624,7 +641,7 @@ async def test_a_call_whose_answer_is_lost_waits_for_a_person_not_the_model(
     model is not told it failed (it would charge again); the run waits for `onward resolve`."""
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
-        MCPToolset([stdio_server(tmp_path)], connect_timeout=5) as toolset,
+        MCPToolset([stdio_server(tmp_path)], connect_timeout=30) as toolset,
         AgentRunner(provider=_charging_twice(), log=log, worker="w") as runner,
     ):
         with pytest.raises(IndeterminateToolCallError) as caught:
@@ -657,7 +674,7 @@ async def test_a_call_whose_answer_is_lost_is_settled_by_its_status_check(
     )
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
-        MCPToolset([stdio_server(tmp_path, tools=options)], connect_timeout=5) as toolset,
+        MCPToolset([stdio_server(tmp_path, tools=options)], connect_timeout=30) as toolset,
         AgentRunner(provider=provider, log=log, worker="w") as runner,
     ):
         result = await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")
@@ -670,7 +687,7 @@ async def test_a_retry_safe_call_whose_answer_is_lost_is_its_error(tmp_path: Pat
     options = {"charge_then_die": ToolOptions(retry_safe=True)}
     async with (
         SqliteEventLog(tmp_path / "log.db") as log,
-        MCPToolset([stdio_server(tmp_path, tools=options)], connect_timeout=5) as toolset,
+        MCPToolset([stdio_server(tmp_path, tools=options)], connect_timeout=30) as toolset,
         AgentRunner(provider=_charging_twice(), log=log, worker="w") as runner,
     ):
         result = await runner.run(charging_agent(toolset.tools), "go", tenant=TENANT, run_id="r1")

@@ -93,7 +93,9 @@ async def test_a_stream_of_a_run_that_needs_a_person_ends_saying_what_to_settle(
     await left_mid_call(app, "r1")
     started = time.monotonic()
     messages = await asyncio.wait_for(app.resume("r1", tenant=TENANT).collect(), 10)
-    assert time.monotonic() - started < 2
+    # Only a failure bound: no wait of the stream's is involved, and on a loaded machine
+    # (load 12 on 2 cores) Kafka's took 3.5 s.
+    assert time.monotonic() - started < 8
     last = messages[-1]
     assert last.type == "needs_person"
     assert last.metadata["calls"] == {"c1": "charge"}

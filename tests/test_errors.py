@@ -58,6 +58,12 @@ def _driver_exception_types() -> list[type[BaseException]]:
     return found
 
 
+def _redis_since_floor(*names: str) -> tuple[type[BaseException], ...]:
+    """The classes of ``names`` this redis-py has: releases after the 6.0 floor added them, and
+    a redis-py without them cannot raise them."""
+    return tuple(getattr(redis_errors, name) for name in names if hasattr(redis_errors, name))
+
+
 # What each driver exception must become. The classes whose target someone chose are listed;
 # every other class is grouped with its nearest listed ancestor (its first base in the table),
 # and a Kafka error under no listed class goes by aiokafka's `retriable` flag. A class that
@@ -131,11 +137,10 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         redis_errors.AuthenticationWrongNumberOfArgsError,
         redis_errors.AuthorizationError,
         redis_errors.NoPermissionError,
-        redis_errors.ExternalAuthProviderError,
+        *_redis_since_floor("ExternalAuthProviderError"),
         redis_errors.ModuleError,
         redis_errors.ClusterCrossSlotError,
-        redis_errors.CrossSlotTransactionError,
-        redis_errors.IncorrectPolicyType,
+        *_redis_since_floor("CrossSlotTransactionError", "IncorrectPolicyType"),
         # PostgreSQL: credentials, privileges, a database that does not exist.
         pg_errors.InvalidPasswordError,
         pg_errors.InvalidAuthorizationSpecificationError,
@@ -233,7 +238,7 @@ _EXPECTED: dict[type[OnwardError], tuple[type[BaseException], ...]] = {
         sqlite3.Warning,
         redis_errors.RedisError,
         redis_errors.RedisClusterException,
-        redis_errors.InvalidPipelineStack,
+        *_redis_since_floor("InvalidPipelineStack"),
         redis_errors.ResponseError,
         redis_errors.WatchError,
         redis_errors.LockError,

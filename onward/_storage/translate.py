@@ -22,6 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from onward.errors import (
@@ -185,11 +186,14 @@ def _loaded_redis_rules() -> _Rules:
         (redis_errors.AuthenticationWrongNumberOfArgsError, ConfigurationError),
         (redis_errors.AuthorizationError, ConfigurationError),
         (redis_errors.NoPermissionError, ConfigurationError),
-        (redis_errors.ExternalAuthProviderError, ConfigurationError),
+        *_since_floor(redis_errors, ("ExternalAuthProviderError", ConfigurationError)),
         (redis_errors.ModuleError, ConfigurationError),
         (redis_errors.ClusterCrossSlotError, ConfigurationError),
-        (redis_errors.CrossSlotTransactionError, ConfigurationError),
-        (redis_errors.IncorrectPolicyType, ConfigurationError),
+        *_since_floor(
+            redis_errors,
+            ("CrossSlotTransactionError", ConfigurationError),
+            ("IncorrectPolicyType", ConfigurationError),
+        ),
         # A primary demoted in a failover answers READONLY until the client reaches the new one.
         (redis_errors.ReadOnlyError, BackendUnavailableError),
         (redis_errors.MaxConnectionsError, BackendUnavailableError),
@@ -208,8 +212,11 @@ def _loaded_redis_rules() -> _Rules:
         (redis_errors.RedisClusterException, BackendError),
         (redis_errors.NoScriptError, BackendError),
         (redis_errors.ExecAbortError, BackendError),
-        (redis_errors.NoSuchFieldsetError, BackendError),
-        (redis_errors.InvalidPipelineStack, BackendError),
+        *_since_floor(
+            redis_errors,
+            ("NoSuchFieldsetError", BackendError),
+            ("InvalidPipelineStack", BackendError),
+        ),
         (redis_errors.InvalidResponse, BackendError),
         (redis_errors.LockNotOwnedError, BackendError),
         (redis_errors.LockError, BackendError),
@@ -219,6 +226,12 @@ def _loaded_redis_rules() -> _Rules:
         (redis_errors.ResponseError, BackendError),
         (redis_errors.RedisError, BackendError),
     )
+
+
+def _since_floor(module: ModuleType, *rules: tuple[str, type[OnwardError]]) -> _Rules:
+    """The rules of ``rules`` whose class ``module`` has: redis-py releases after the 6.0 floor
+    added these classes, and a redis-py without one cannot raise it."""
+    return tuple((getattr(module, name), target) for name, target in rules if hasattr(module, name))
 
 
 def _is_redis_error(exc: BaseException, *names: str) -> bool:

@@ -12,8 +12,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onward-installed
 PYTEST_ARGS ?=
 
-.PHONY: test lint typecheck pytest test-kafka test-faults test-pydantic-ai-lowest services \
-	services-down bench clean demo
+.PHONY: test lint typecheck pytest test-kafka test-faults test-pydantic-ai-lowest test-core-lowest \
+	services services-down bench clean demo
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -87,6 +87,30 @@ test-pydantic-ai-lowest: $(LOWEST_STAMP)
 	$(LOWEST_VENV)/bin/python -m pytest -m "not kafka" $(PYTEST_ARGS) \
 		tests/integrations/pydantic_ai --ignore=tests/integrations/pydantic_ai/test_waits.py
 
+# The core dependencies at the floors pyproject.toml gives (scripts/floors.py reads them from it),
+# in a venv of their own: the suites that reach each dependency's API (msgspec's codec and
+# schema, asyncpg and redis-py leases and error classes, zstandard transcripts,
+# pydantic-settings, the typer CLI), against the real servers. About 2.5 minutes.
+CORE_LOWEST_VENV := .cache/venv-core-lowest
+CORE_LOWEST_STAMP := $(CORE_LOWEST_VENV)/.onward-installed
+CORE_LOWEST_TESTS := tests/test_errors.py tests/eventlog/test_events.py \
+	tests/eventlog/test_archive.py tests/projections/test_transcript_encoding.py \
+	tests/leases/test_postgres_leases.py tests/leases/test_redis_leases.py \
+	tests/runtime/test_settings.py tests/runtime/test_cli.py
+
+$(CORE_LOWEST_STAMP): pyproject.toml scripts/floors.py
+	test -x $(CORE_LOWEST_VENV)/bin/python || $(PYTHON) -m venv $(CORE_LOWEST_VENV)
+	$(CORE_LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CORE_LOWEST_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(CORE_LOWEST_VENV)/bin/python -m pip install -q $$($(PYTHON) scripts/floors.py) \
+		pytest pytest-asyncio pytest-timeout
+	touch $@
+
+test-core-lowest: $(CORE_LOWEST_STAMP)
+	set -euo pipefail; eval "$$(bash scripts/services.sh up)"; \
+		$(CORE_LOWEST_VENV)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) \
+		$(CORE_LOWEST_TESTS)
+
 services:
 	bash scripts/services.sh up
 
@@ -98,7 +122,7 @@ bench: $(STAMP)
 		$(PY) bench/append.py; $(PY) bench/project.py
 
 clean:
-	rm -rf $(VENV) .venv-pydantic-ai-* build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-pydantic-ai-* $(CORE_LOWEST_VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
 # The main job: a booking run killed mid-way and resumed in another process, on embedded SQLite.
 demo: $(STAMP)

@@ -242,6 +242,15 @@ async def private_postgres() -> AsyncIterator[PrivatePostgres]:
         yield server
 
 
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers, like a server that hangs."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def test_seed() -> int:
     """The session's seed: ``ONWARD_TEST_SEED`` when set, else a fresh one."""

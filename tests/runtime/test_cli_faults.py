@@ -192,15 +192,6 @@ async def test_the_wrong_password_is_refused_by_the_real_server(database_url: st
         await asyncpg.connect(_with_netloc(database_url, password="not-the-password"))
 
 
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never answers, like a server that hangs."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(16)
-        yield server.getsockname()[1]
-
-
 def test_a_server_that_never_answers_fails_within_the_connect_timeout(
     deployment: Deployment, silent_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -122,15 +121,6 @@ async def test_a_sqlite_store_reports_a_broken_file_as_an_onward_error(tmp_path:
     assert not store.is_open
     await store.close()
     await store.close()
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never answers, like a server that hangs."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(16)
-        yield server.getsockname()[1]
 
 
 async def test_a_postgres_store_whose_server_never_answers_names_it_and_the_bound(

@@ -102,8 +102,8 @@ $(CORE_LOWEST_STAMP): pyproject.toml scripts/floors.py
 	test -x $(CORE_LOWEST_VENV)/bin/python || $(PYTHON) -m venv $(CORE_LOWEST_VENV)
 	$(CORE_LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(CORE_LOWEST_VENV)/bin/python -m pip install -q --no-deps -e .
-	$(CORE_LOWEST_VENV)/bin/python -m pip install -q $$($(PYTHON) scripts/floors.py) \
-		pytest pytest-asyncio pytest-timeout
+	pins="$$($(PYTHON) scripts/floors.py)" && $(CORE_LOWEST_VENV)/bin/python -m pip install -q \
+		$$pins pytest pytest-asyncio pytest-timeout
 	touch $@
 
 test-core-lowest: $(CORE_LOWEST_STAMP)

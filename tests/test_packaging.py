@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -68,3 +69,52 @@ def test_wheel_contains_the_subpackages_and_imports_outside_the_tree(tmp_path: P
         expected_version("postgres"),
         expected_version("sqlite"),
     )
+
+
+def _floors(tmp_path: Path, *dependencies: str) -> subprocess.CompletedProcess[str]:
+    """What ``scripts/floors.py`` (`make test-core-lowest`'s pins) prints for a pyproject.toml
+    whose dependencies are ``dependencies``."""
+    pyproject = tmp_path / "pyproject.toml"
+    listed = ", ".join(f"'{dependency}'" for dependency in dependencies)
+    pyproject.write_text(f"[project]\nname = 'x'\ndependencies = [{listed}]\n")
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "floors.py"), str(pyproject)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_floors_are_read_whatever_the_order_of_the_bounds(tmp_path: Path) -> None:
+    """PEP 508 lets a requirement give its bounds in any order and space its extras: an upper
+    bound written first ("<0.15,>=0.14") was refused as having no ``>=`` floor."""
+    result = _floors(tmp_path, "aiokafka [zstd] <0.15, >= 0.14", "redis>=6.0", "rich >=13.8")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["aiokafka[zstd]==0.14", "redis==6.0", "rich==13.8"]
+
+
+def test_a_floor_that_is_not_a_plain_release_is_refused_not_cut_short(tmp_path: Path) -> None:
+    """A floor such as ``2.0.post1`` was pinned as ``==2.0``, a release below the floor the
+    project declares, and the suites said nothing of it: it is refused, naming the requirement."""
+    result = _floors(tmp_path, "redis>=6.0", "httpx>=2.0.post1")
+    assert result.returncode != 0
+    assert "'httpx>=2.0.post1'" in result.stderr, result.stderr
+    assert "httpx==2.0" not in result.stdout
+
+
+def test_the_floors_pin_every_core_dependency_of_pyproject_at_its_floor() -> None:
+    """Each core dependency of this project's pyproject.toml is pinned at its ``>=`` bound."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "floors.py"), str(ROOT / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = result.stdout.split()
+    assert len(pins) == len(dependencies), pins
+    for dependency, pin in zip(dependencies, pins, strict=True):
+        name, floor = pin.split("==")
+        assert dependency.replace(" ", "").startswith(f"{name}>={floor}"), (dependency, pin)

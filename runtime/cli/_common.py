@@ -76,7 +76,8 @@ timeout or a fetch's wait beyond it fails inside the client, every time it is se
 
 CONNECT_TIMEOUT_S = 20.0
 """How long opening the stores may take, at least, before a command gives up on a server that
-is silent; an ``ONWARD_BACKEND_TIMEOUT`` above it is waited instead (`connect_timeout_s`)."""
+is silent; when ``ONWARD_BACKEND_TIMEOUT`` and `CONNECT_GRACE_S` make more, that is waited
+instead (`connect_timeout_s`)."""
 
 CONNECT_GRACE_S = 2.0
 """How much longer than ``ONWARD_BACKEND_TIMEOUT`` opening the stores may take: a silent store

@@ -306,8 +306,8 @@ def test_a_silent_frontier_store_is_named_as_its_server_not_the_backend(
     silent_port: int, database_url: str, command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ONWARD_BACKEND=kafka, a PostgreSQL that took the connection and never answered
-    until the command's connect bound passed (at the default settings both are 30 s, and the
-    bound wins) was reported as "the kafka frontier store did not answer", sending the reader
+    until the command's connect bound passed (a bound shorter than ONWARD_BACKEND_TIMEOUT, as
+    here) was reported as "the kafka frontier store did not answer", sending the reader
     to Kafka: the line names PostgreSQL and DATABASE_URL."""
     monkeypatch.setattr(_common, "connect_timeout_s", lambda: 1.0)
     parts = urlsplit(database_url)
@@ -343,7 +343,7 @@ def test_opening_a_silent_store_says_early_what_it_waits_on_and_until_when(
     silent_port: int, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A store that took the connection and never answered kept a command silent until the
-    connect bound passed (30 s at the default settings): once it has waited
+    connect bound passed (32 s at the default settings): once it has waited
     `_common.SAY_WAIT_AFTER_S`, the command says which server it waits on and until when, and
     still ends at the bound, exit 5."""
     monkeypatch.setattr(_common, "connect_timeout_s", lambda: 2.0)

@@ -575,13 +575,15 @@ class Worker:
 
         Raises:
             ConfigurationError: Neither a signer nor ``accept_unsigned``.
+            InvalidInputError: ``topic`` is no string or is empty.
         """
         # Imported here, as in every Kafka path of this module: a worker on SQLite or
         # PostgreSQL never loads aiokafka (~170 ms).
         from aiokafka.errors import KafkaError  # noqa: PLC0415
 
-        from onward._storage import kafka_connection  # noqa: PLC0415
+        from onward._storage import checked_topic, kafka_connection  # noqa: PLC0415
 
+        topic = checked_topic(topic)
         _require_signer(signer, accept_unsigned, "topic")
         self._signer, self._accept_unsigned = signer, accept_unsigned
         connection = kafka_connection(bootstrap_servers)

@@ -663,3 +663,21 @@ async def test_a_worker_refuses_a_recheck_or_backoff_that_would_never_wait(
         options: dict[str, Any] = {option: value}
         with pytest.raises(InvalidInputError, match=rf"^{option} must be"):
             Worker(backends, ScriptedProvider(script), agents, **options)
+
+
+@pytest.mark.parametrize("topic", ["", 9092])
+async def test_a_worker_refuses_an_empty_requests_topic_before_it_connects(
+    tmp_path: Path, topic: Any
+) -> None:
+    """`Worker.serve_kafka` checks its topic as `Requests` and `KafkaEventLog` do, naming the
+    argument, before it reaches for a broker: nothing listens at the address given here, so a
+    check made any later would fail on the connection instead."""
+    async with open_backends(_settings(tmp_path / "fleet.db")) as backends:
+        worker = Worker(backends, ScriptedProvider(script), agents)
+        with pytest.raises(InvalidInputError, match=r"^topic (must be|is empty)"):
+            await worker.serve_kafka(
+                asyncio.Event(),
+                bootstrap_servers="127.0.0.1:1",
+                topic=topic,
+                accept_unsigned=True,
+            )

@@ -275,7 +275,7 @@ async def pooled(
             does not answer a new connection); ``None`` waits as long as it takes.
     """
     with translated(context, run_id=run_id):
-        async with pool.acquire(timeout=timeout_s) as conn:
+        async with _acquired(pool, context, timeout_s) as conn:
             try:
                 if not transaction:
                     yield conn
@@ -290,6 +290,29 @@ async def pooled(
                 if isinstance(exc.__cause__ or exc, asyncpg.ReadOnlySQLTransactionError):
                     conn.terminate()  # a standby's session: the retry connects afresh
                 raise
+
+
+@asynccontextmanager
+async def _acquired(
+    pool: asyncpg.Pool, context: str, timeout_s: float | None
+) -> AsyncIterator[asyncpg.Connection]:
+    """A connection from ``pool``; a wait for one that outlasts ``timeout_s`` says what it
+    waited for (asyncpg's `TimeoutError` has no message) and how many connections were in use.
+    Only the acquiring is timed: a timeout in the caller's block is the caller's to report."""
+    try:
+        conn = await pool.acquire(timeout=timeout_s)
+    except TimeoutError as exc:
+        in_use = pool.get_size() - pool.get_idle_size()
+        bound = f"{timeout_s:g}s" if timeout_s is not None else "asyncpg's connect timeout"
+        raise BackendUnavailableError(
+            f"{context}: no PostgreSQL connection within {bound} ({in_use} of "
+            f"{pool.get_max_size()} in use); the server stopped answering new connections, or "
+            "every one is taken: a larger pool or a longer ONWARD_BACKEND_TIMEOUT may help"
+        ) from exc
+    try:
+        yield conn
+    finally:
+        await pool.release(conn)
 
 
 def connection_gone(conn: asyncpg.Connection) -> bool:

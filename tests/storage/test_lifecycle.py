@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from onward._storage import PostgresStore, Resource, SqliteStore, translated, translating
+from onward._storage.postgres import pooled
 from onward._storage.redis import RedisStore
 from onward.errors import BackendError, BackendUnavailableError, FencedError, InvalidInputError
 
@@ -171,3 +172,23 @@ async def test_a_postgres_store_that_cannot_connect_is_retryable_and_leaves_noth
     with pytest.raises(InvalidInputError, match="not open"):
         await store.verify()
     await store.close()
+
+
+async def test_a_pool_with_no_connection_to_give_says_what_it_waited_for(database_url: str) -> None:
+    """A call that waits out its bound for a pooled connection (every one in use, or a server
+    that stopped answering new ones) failed with "<context>: TimeoutError: ", nothing after it:
+    it says how long it waited for a connection and how many of the pool's were in use."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire():
+            with pytest.raises(BackendUnavailableError) as caught:
+                async with pooled(pool, "loading frontiers", timeout_s=0.3):
+                    pass
+        message = str(caught.value)
+        assert message.startswith("loading frontiers: no PostgreSQL connection within 0.3s"), (
+            message
+        )
+        assert "1 of 1 in use" in message, message
+        assert caught.value.retryable
+    finally:
+        await pool.close()

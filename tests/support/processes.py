@@ -26,7 +26,9 @@ async def spawn_support(module: str, *args: str, **options: Any) -> asyncio.subp
 class Spares:
     """Children started one use ahead: the next one imports what it needs while the current one
     is used, so a test waits for no Python to start. Each child is used once, and ran nothing
-    before it was given its one line on stdin (what it is to do)."""
+    before it was given its one line on stdin (what it is to do). A spare starts with the
+    environment and directory of the test running then, not of the test that takes it: give a
+    child everything it needs in its line."""
 
     def __init__(self, start: Callable[[], Awaitable[asyncio.subprocess.Process]]) -> None:
         self._start = start  # a child with stdin piped, waiting for its line

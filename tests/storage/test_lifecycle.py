@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -124,43 +125,44 @@ async def test_a_sqlite_store_reports_a_broken_file_as_an_onward_error(tmp_path:
     await store.close()
 
 
-async def test_a_postgres_store_whose_server_never_answers_names_it_and_the_bound(
-    silent_port: int,
+@pytest.mark.parametrize(
+    ("make", "url", "shown"),
+    [
+        pytest.param(
+            PostgresStore,
+            "postgresql://onward:pg-secret-7d1c@127.0.0.1:{port}/onward",
+            "PostgreSQL at postgresql://onward:***@127.0.0.1:{port}/onward",
+            id="postgres",
+        ),
+        pytest.param(
+            RedisStore,
+            "redis://:redis-secret-4b2e@127.0.0.1:{port}/0",
+            "Redis at redis://:***@127.0.0.1:{port}/0",
+            id="redis",
+        ),
+    ],
+)
+async def test_a_store_whose_server_never_answers_names_it_and_the_bound(
+    silent_port: int, make: Callable[..., Resource], url: str, shown: str
 ) -> None:
-    """A PostgreSQL that takes the connection and never answers failed with
-    "connecting to PostgreSQL: TimeoutError: " (asyncpg's timeout has no message): the error
-    names the server's address, without its password, the bound it waited and the setting
-    that sets it."""
-    dsn = f"postgresql://onward:pg-secret-7d1c@127.0.0.1:{silent_port}/onward"
-    store = PostgresStore(dsn, timeout_s=0.5)
+    """A PostgreSQL or Redis that takes the connection and never answers failed with
+    "connecting to PostgreSQL: TimeoutError: " (the drivers' timeouts have no message): the
+    error names the server's address, without its password, the bound it waited and the
+    setting that sets it."""
+    address = url.format(port=silent_port)
+    store = make(address, timeout_s=0.5)
     with pytest.raises(BackendUnavailableError) as caught:
         await store.start()
     message = str(caught.value)
     assert (
-        f"PostgreSQL at postgresql://onward:***@127.0.0.1:{silent_port}/onward did not answer "
-        "within 0.5s (ONWARD_BACKEND_TIMEOUT; timeout_s in Python)"
-    ) in message, message
-    assert "pg-secret-7d1c" not in message
-    assert caught.value.retryable
-    assert not store.is_open
-
-
-async def test_a_redis_store_whose_server_never_answers_names_it_and_the_bound(
-    silent_port: int,
-) -> None:
-    """A Redis that takes the connection and never answers failed with "connecting to Redis:
-    TimeoutError: ", as PostgreSQL did: the error names its address, without the password, the
-    bound and the setting."""
-    store = RedisStore(f"redis://:redis-secret-4b2e@127.0.0.1:{silent_port}/0", timeout_s=0.5)
-    with pytest.raises(BackendUnavailableError) as caught:
-        await store.start()
-    message = str(caught.value)
-    assert (
-        f"Redis at redis://:***@127.0.0.1:{silent_port}/0 did not answer within 0.5s "
+        f"{shown.format(port=silent_port)} did not answer within 0.5s "
         "(ONWARD_BACKEND_TIMEOUT; timeout_s in Python)"
     ) in message, message
-    assert "redis-secret-4b2e" not in message
+    password = urlsplit(address).password
+    assert password, address
+    assert password not in message
     assert caught.value.retryable
+    assert not store.is_open
 
 
 async def test_a_postgres_store_that_cannot_connect_is_retryable_and_leaves_nothing_open() -> None:
